@@ -1,0 +1,537 @@
+#!/usr/bin/env python3
+"""The sandbox fleet: local systemd containers that stand in for GPU rigs and Jetsons.
+
+One mechanism for the demo and the tests: ``./rigops sandbox up`` creates the hosts of
+``inventories/sandbox``; Molecule's create/destroy playbooks call ``up --host`` and
+``down --host`` for theirs.
+
+    fleet.py image                     build the host image if its recipe changed
+    fleet.py up [--inventory DIR] [--host NAME:PROFILE:PORT ...] [--json]
+    fleet.py list
+    fleet.py down [--inventory DIR] [--host NAME ...] [--all]
+
+Every command is idempotent: ``up`` twice creates nothing the second time and says so.
+Hosts are reached like real rigs, over SSH on 127.0.0.1:<port>, with a sandbox key pair
+and their host keys recorded in ``sandbox/.state/known_hosts`` (read from each container,
+not trusted on first use). Podman runs with the project's ``CONTAINERS_CONF`` only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SANDBOX = ROOT / "sandbox"
+STATE = Path(os.environ.get("RIGOPS_SANDBOX_STATE", SANDBOX / ".state"))
+CACHE = Path(os.environ.get("RIGOPS_CACHE", Path.home() / ".cache" / "rigops"))
+CONTAINERS_CONF = SANDBOX / "podman" / "containers.conf"
+DEBIAN_MIRROR = os.environ.get("RIGOPS_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+SUITE = "bookworm"
+NETWORK = "rigops"
+PREFIX = "rigops-"
+LABEL = "rigops.sandbox"
+IMAGE_REPO = "localhost/rigops-host"
+DEFAULT_INVENTORY = ROOT / "inventories" / "sandbox"
+SSH_USER = "rigops"
+
+
+class FleetError(Exception):
+    """A failure with a message that says what to do."""
+
+
+def log(msg: str) -> None:
+    print(f"[fleet] {msg}", file=sys.stderr, flush=True)
+
+
+def podman(*args: str, check: bool = True, capture: bool = True, **kw) -> subprocess.CompletedProcess:
+    env = dict(os.environ, CONTAINERS_CONF=str(CONTAINERS_CONF))
+    proc = subprocess.run(["podman", *args], check=False, env=env, text=True, capture_output=capture, **kw)
+    if check and proc.returncode != 0:
+        raise FleetError(f"podman {' '.join(args)} failed ({proc.returncode}): {(proc.stderr or '').strip()}")
+    return proc
+
+
+# --------------------------------------------------------------------------- image
+
+
+def image_recipe_hash() -> str:
+    """Hash of everything that goes into the image: rebuild only when it changes."""
+    h = hashlib.sha256(f"{SUITE}\n{DEBIAN_MIRROR}\n".encode())
+    for path in sorted((SANDBOX / "image").iterdir()):
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def image_tag() -> str:
+    return f"{IMAGE_REPO}:{image_recipe_hash()}"
+
+
+def packages() -> list[str]:
+    lines = (SANDBOX / "image" / "packages.txt").read_text().splitlines()
+    return [ln.split("#")[0].strip() for ln in lines if ln.split("#")[0].strip()]
+
+
+def build_image() -> str:
+    tag = image_tag()
+    if podman("image", "exists", tag, check=False).returncode == 0:
+        log(f"image {tag}: cached")
+        return tag
+    for tool in ("debootstrap", "chroot"):
+        if not shutil.which(tool):
+            raise FleetError(f"{tool} not found: install it (apt-get install -y debootstrap) and retry")
+    start = time.monotonic()
+    log(f"image {tag}: building with debootstrap from {DEBIAN_MIRROR} (about a minute)")
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=CACHE, prefix="image-build-") as tmp:
+        rootfs = Path(tmp) / "rootfs"
+        subprocess.run(
+            [
+                "debootstrap",
+                "--variant=minbase",
+                f"--include={','.join(packages())}",
+                SUITE,
+                str(rootfs),
+                DEBIAN_MIRROR,
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        shutil.copy(SANDBOX / "image" / "customize.sh", rootfs / "customize.sh")
+        subprocess.run(["chroot", str(rootfs), "/bin/sh", "/customize.sh"], check=True)
+        (rootfs / "customize.sh").unlink()
+        tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
+        podman(
+            "import",
+            "--change",
+            'CMD=["/sbin/init"]',
+            "--change",
+            "STOPSIGNAL=SIGRTMIN+3",
+            "--change",
+            f"LABEL {LABEL}.recipe={image_recipe_hash()}",
+            "-",
+            tag,
+            stdin=tar.stdout,
+        )
+        if tar.wait() != 0:
+            raise FleetError("tar of the image root failed")
+    # Old images of this repo are unused once the recipe changed: drop them.
+    for line in podman("images", "--format", "{{.Repository}}:{{.Tag}}", IMAGE_REPO).stdout.split():
+        if line != tag:
+            podman("rmi", line, check=False)
+    log(f"image {tag}: built in {time.monotonic() - start:.0f}s")
+    return tag
+
+
+# --------------------------------------------------------------------------- services
+
+
+@dataclass
+class Service:
+    """A service container on the sandbox network, serving a folder built on the host."""
+
+    name: str
+    port: int
+    host_port: int
+    folder: Path
+    build: list[str]  # command that builds `folder` (cached by the builder itself)
+    command: list[str]
+
+    @property
+    def container(self) -> str:
+        return PREFIX + self.name
+
+
+def services() -> list[Service]:
+    py = sys.executable
+    repo_out = CACHE / "nvidia-repo"
+    return [
+        Service(
+            name="repo",
+            port=8080,
+            host_port=18080,
+            folder=repo_out / "repo",
+            build=[py, str(SANDBOX / "nvidia" / "build_repo.py"), "--out", str(repo_out)],
+            command=["python3", "-m", "http.server", "8080", "--directory", "/srv"],
+        ),
+    ]
+
+
+def ensure_network() -> None:
+    if podman("network", "exists", NETWORK, check=False).returncode != 0:
+        podman("network", "create", NETWORK)
+        log(f"network {NETWORK}: created")
+
+
+def ensure_service(svc: Service, image: str) -> None:
+    subprocess.run(svc.build, check=True)
+    name = svc.container
+    state = container_state(name)
+    if state and container_label(name, f"{LABEL}.image") != image:
+        log(f"service {svc.name}: image changed, recreating")
+        podman("rm", "-f", name)
+        state = None
+    if state is None:
+        podman(
+            "run",
+            "-d",
+            "--name",
+            name,
+            "--hostname",
+            name,
+            "--network",
+            NETWORK,
+            "--network-alias",
+            name,
+            "-p",
+            f"127.0.0.1:{svc.host_port}:{svc.port}",
+            "-v",
+            f"{svc.folder}:/srv:ro",
+            "--label",
+            f"{LABEL}=service",
+            "--label",
+            f"{LABEL}.image={image}",
+            "--restart",
+            "always",
+            image,
+            *svc.command,
+        )
+        log(f"service {svc.name}: started on http://{name}:{svc.port} (host: 127.0.0.1:{svc.host_port})")
+    elif state != "running":
+        podman("start", name)
+        log(f"service {svc.name}: started")
+    else:
+        log(f"service {svc.name}: ok")
+
+
+# --------------------------------------------------------------------------- hosts
+
+
+@dataclass
+class Host:
+    name: str
+    profile: str
+    port: int
+
+    @property
+    def container(self) -> str:
+        return PREFIX + self.name
+
+
+def container_state(name: str) -> str | None:
+    proc = podman("container", "inspect", "--format", "{{.State.Status}}", name, check=False)
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def container_label(name: str, label: str) -> str:
+    proc = podman("container", "inspect", "--format", f'{{{{index .Config.Labels "{label}"}}}}', name, check=False)
+    return proc.stdout.strip()
+
+
+def inventory_hosts(inventory: Path) -> list[Host]:
+    exe = shutil.which("ansible-inventory") or str(Path(sys.executable).parent / "ansible-inventory")
+    proc = subprocess.run(
+        [exe, "-i", str(inventory), "--list"],
+        check=False,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    if proc.returncode != 0:
+        raise FleetError(f"cannot read inventory {inventory}: {proc.stderr.strip()}")
+    hostvars = json.loads(proc.stdout).get("_meta", {}).get("hostvars", {})
+    hosts = []
+    for name, hv in sorted(hostvars.items()):
+        if "sandbox_profile" not in hv:
+            continue
+        if "ansible_port" not in hv:
+            raise FleetError(f"host {name} in {inventory} has sandbox_profile but no ansible_port")
+        hosts.append(Host(name, hv["sandbox_profile"], int(hv["ansible_port"])))
+    return hosts
+
+
+def parse_host_spec(spec: str) -> Host:
+    try:
+        name, profile, port = spec.split(":")
+        return Host(name, profile, int(port))
+    except ValueError as exc:
+        raise FleetError(f"--host {spec!r}: expected NAME:PROFILE:PORT, for example rig1:rtx5090x8:2301") from exc
+
+
+def ensure_keypair() -> Path:
+    STATE.mkdir(parents=True, exist_ok=True)
+    key = STATE / "id_ed25519"
+    if not key.exists():
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "rigops-sandbox", "-f", str(key)],
+            check=True,
+        )
+        log(f"ssh key: created {key}")
+    return key
+
+
+def exec_in(host: Host, *cmd: str, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return podman("exec", "-i", host.container, *cmd, check=check, input=stdin)
+
+
+def create_host(host: Host, image: str) -> None:
+    profile = SANDBOX / "profiles" / f"{host.profile}.yaml"
+    if not profile.exists():
+        known = ", ".join(sorted(p.stem for p in (SANDBOX / "profiles").glob("*.yaml")))
+        raise FleetError(f"host {host.name}: no hardware profile {host.profile!r} (known: {known})")
+    podman(
+        "run",
+        "-d",
+        "--name",
+        host.container,
+        "--hostname",
+        host.name,
+        "--network",
+        NETWORK,
+        "--network-alias",
+        host.name,
+        "-p",
+        f"127.0.0.1:{host.port}:22",
+        "--label",
+        f"{LABEL}=host",
+        "--label",
+        f"{LABEL}.profile={host.profile}",
+        "--label",
+        f"{LABEL}.image={image}",
+        # A reboot (systemctl reboot inside) ends the container; podman starts it again.
+        "--restart",
+        "always",
+        # systemd needs it to set up the namespaces of hardened units (PrivateTmp,
+        # ProtectSystem, ...) as it does on a real host; without it they fail with
+        # 226/NAMESPACE. No devices, no --privileged.
+        "--cap-add",
+        "SYS_ADMIN",
+        image,
+    )
+
+
+def wait_booted(host: Host, timeout: float = 90) -> None:
+    deadline = time.monotonic() + timeout
+    state = ""
+    while time.monotonic() < deadline:
+        state = exec_in(host, "systemctl", "is-system-running", check=False).stdout.strip()
+        if state in ("running", "degraded"):
+            if state == "degraded":
+                failed = exec_in(host, "systemctl", "--failed", "--plain", "--no-legend", check=False).stdout
+                log(f"host {host.name}: systemd degraded; failed units:\n{failed.strip()}")
+            return
+        time.sleep(0.5)
+    raise FleetError(f"host {host.name}: systemd did not finish booting in {timeout:.0f}s (state {state!r})")
+
+
+def install_hardware(host: Host) -> None:
+    """Lay down the simulated hardware of the host's profile (idempotent)."""
+    profile = (SANDBOX / "profiles" / f"{host.profile}.yaml").read_text()
+    exec_in(host, "mkdir", "-p", "/etc/nvidia-sim", "/opt/nvidia-sim")
+    exec_in(host, "sh", "-c", "cat > /etc/nvidia-sim/profile.yaml", stdin=profile)
+    tar = subprocess.run(
+        ["tar", "-C", str(SANDBOX), "-c", "hardware"],
+        check=True,
+        capture_output=True,
+    )
+    env = dict(os.environ, CONTAINERS_CONF=str(CONTAINERS_CONF))
+    subprocess.run(
+        [
+            "podman",
+            "exec",
+            "-i",
+            host.container,
+            "sh",
+            "-c",
+            "rm -rf /opt/nvidia-sim/hardware && tar -C /opt/nvidia-sim -x",
+        ],
+        input=tar.stdout,
+        check=True,
+        env=env,
+    )
+    exec_in(host, "/opt/nvidia-sim/hardware/install-hardware")
+
+
+def authorize(host: Host, pubkey: str) -> bool:
+    keys = f"/home/{SSH_USER}/.ssh/authorized_keys"
+    current = exec_in(host, "cat", keys, check=False).stdout
+    if current.strip() == pubkey.strip():
+        return False
+    exec_in(
+        host,
+        "sh",
+        "-c",
+        f"umask 077 && cat > {keys} && chown {SSH_USER}: {keys}",
+        stdin=pubkey,
+    )
+    return True
+
+
+def host_key(host: Host, timeout: float = 30) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        proc = exec_in(host, "cat", "/etc/ssh/ssh_host_ed25519_key.pub", check=False)
+        if proc.returncode == 0 and proc.stdout.strip():
+            return " ".join(proc.stdout.split()[:2])
+        time.sleep(0.5)
+    raise FleetError(f"host {host.name}: no SSH host key after {timeout:.0f}s (is ssh-hostkeys.service failing?)")
+
+
+def record_known_hosts(entries: dict[str, str]) -> None:
+    """Replace the lines of these hosts in the sandbox known_hosts file, keep the others."""
+    path = STATE / "known_hosts"
+    lines = path.read_text().splitlines() if path.exists() else []
+    keep = [ln for ln in lines if ln.split(" ", 1)[0] not in entries]
+    new = keep + [f"{addr} {key}" for addr, key in sorted(entries.items())]
+    if new != lines:
+        path.write_text("\n".join(new) + "\n")
+
+
+def wait_ssh(host: Host, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", host.port), timeout=2) as sock:
+                if sock.recv(4).startswith(b"SSH"):
+                    return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise FleetError(f"host {host.name}: sshd does not answer on 127.0.0.1:{host.port}")
+
+
+def up(hosts: list[Host], as_json: bool) -> None:
+    start = time.monotonic()
+    image = build_image()
+    ensure_network()
+    for svc in services():
+        ensure_service(svc, image)
+    key = ensure_keypair()
+    pubkey = Path(f"{key}.pub").read_text()
+    ports = {}
+    for host in hosts:
+        if host.port in ports:
+            raise FleetError(f"hosts {ports[host.port]} and {host.name} both use port {host.port}")
+        ports[host.port] = host.name
+    created = []
+    for host in hosts:
+        state = container_state(host.container)
+        if state is not None and (
+            container_label(host.container, f"{LABEL}.profile") != host.profile
+            or container_label(host.container, f"{LABEL}.image") != image
+        ):
+            log(f"host {host.name}: profile or image changed, recreating")
+            podman("rm", "-f", host.container)
+            state = None
+        if state is None:
+            create_host(host, image)
+            created.append(host.name)
+        elif state != "running":
+            podman("start", host.container)
+            log(f"host {host.name}: started")
+    known = {}
+    for host in hosts:
+        wait_booted(host)
+        if host.name in created:
+            install_hardware(host)
+            log(f"host {host.name}: created ({host.profile}, ssh 127.0.0.1:{host.port})")
+        changed = authorize(host, pubkey)
+        known[f"[127.0.0.1]:{host.port}"] = host_key(host)
+        wait_ssh(host)
+        if host.name not in created:
+            log(f"host {host.name}: {'key updated' if changed else 'ok'}")
+    record_known_hosts(known)
+    log(f"up: {len(hosts)} host(s), {len(created)} created, in {time.monotonic() - start:.1f}s")
+    if as_json:
+        print(
+            json.dumps(
+                [
+                    {
+                        "instance": h.name,
+                        "address": "127.0.0.1",
+                        "port": h.port,
+                        "user": SSH_USER,
+                        "identity_file": str(key),
+                        "known_hosts": str(STATE / "known_hosts"),
+                        "container": h.container,
+                        "profile": h.profile,
+                    }
+                    for h in hosts
+                ]
+            )
+        )
+
+
+def down(names: list[str], everything: bool) -> None:
+    targets = [PREFIX + n for n in names]
+    if everything:
+        out = podman("ps", "-a", "--filter", f"label={LABEL}", "--format", "{{.Names}}").stdout
+        targets = out.split()
+    for name in targets:
+        if container_state(name) is not None:
+            podman("rm", "-f", "-t", "3", name)
+            log(f"{name}: removed")
+        else:
+            log(f"{name}: absent")
+    if everything and podman("network", "exists", NETWORK, check=False).returncode == 0:
+        podman("network", "rm", NETWORK)
+        log(f"network {NETWORK}: removed")
+
+
+def list_fleet() -> None:
+    labels = '{{index .Labels "rigops.sandbox"}}\t{{index .Labels "rigops.sandbox.profile"}}'
+    fmt = "{{.Names}}\t{{.State}}\t" + labels + "\t{{.Ports}}"
+    out = podman("ps", "-a", "--filter", f"label={LABEL}", "--format", fmt).stdout
+    current = image_tag()
+    built = podman("image", "exists", current, check=False).returncode == 0
+    print(f"image: {current} ({'present' if built else 'not built'})")
+    print(out.strip() or "no sandbox containers")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("image", help="build the host image if its recipe changed")
+    p_up = sub.add_parser("up", help="create or start the sandbox hosts (idempotent)")
+    p_up.add_argument("--inventory", type=Path)
+    p_up.add_argument("--host", action="append", default=[], metavar="NAME:PROFILE:PORT")
+    p_up.add_argument("--json", action="store_true", help="print the hosts' connection details as JSON")
+    sub.add_parser("list", help="list sandbox containers")
+    p_down = sub.add_parser("down", help="remove sandbox hosts")
+    p_down.add_argument("--inventory", type=Path)
+    p_down.add_argument("--host", action="append", default=[], metavar="NAME")
+    p_down.add_argument("--all", action="store_true", help="also the services and the network")
+    args = parser.parse_args(argv)
+    try:
+        if args.cmd == "image":
+            build_image()
+        elif args.cmd == "up":
+            hosts = [parse_host_spec(s) for s in args.host]
+            if args.inventory or not hosts:
+                hosts += inventory_hosts(args.inventory or DEFAULT_INVENTORY)
+            up(hosts, args.json)
+        elif args.cmd == "list":
+            list_fleet()
+        elif args.cmd == "down":
+            names = list(args.host)
+            if args.inventory or not (names or args.all):
+                names += [h.name for h in inventory_hosts(args.inventory or DEFAULT_INVENTORY)]
+            down(names, args.all)
+    except FleetError as exc:
+        print(f"[fleet] ERROR: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

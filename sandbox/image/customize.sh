@@ -1,0 +1,50 @@
+#!/bin/sh
+# Runs inside the debootstrapped root (chroot) to turn it into a sandbox host image:
+# systemd as PID 1 without getty/udev, sshd with per-container host keys, an admin
+# user `rigops` with passwordless sudo (like a cloud image's default user).
+set -eu
+
+# Units that make no sense or hang in a container; timers that would grab the dpkg lock
+# in the middle of a test run.
+for unit in getty@.service console-getty.service serial-getty@.service \
+    systemd-udevd.service systemd-udevd-control.socket systemd-udevd-kernel.socket \
+    systemd-udev-trigger.service systemd-networkd-wait-online.service \
+    apt-daily.timer apt-daily-upgrade.timer apt-daily.service apt-daily-upgrade.service \
+    e2scrub_all.timer fstrim.timer; do
+  ln -sf /dev/null "/etc/systemd/system/$unit"
+done
+
+# Host keys are made at a container's first boot, so every sandbox host has its own.
+rm -f /etc/ssh/ssh_host_*
+cat > /etc/systemd/system/ssh-hostkeys.service <<'UNIT'
+[Unit]
+Description=Generate this host's SSH host keys on first boot
+ConditionPathExists=!/etc/ssh/ssh_host_ed25519_key
+Before=ssh.service
+
+[Service]
+Type=oneshot
+ExecStart=/usr/bin/ssh-keygen -A
+
+[Install]
+WantedBy=multi-user.target
+UNIT
+ln -sf /etc/systemd/system/ssh-hostkeys.service \
+  /etc/systemd/system/multi-user.target.wants/ssh-hostkeys.service
+
+cat > /etc/ssh/sshd_config.d/rigops-sandbox.conf <<'CONF'
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitRootLogin prohibit-password
+UseDNS no
+CONF
+
+useradd --create-home --shell /bin/bash --user-group rigops
+install -d -m 0700 -o rigops -g rigops /home/rigops/.ssh
+echo 'rigops ALL=(ALL) NOPASSWD:ALL' > /etc/sudoers.d/rigops
+chmod 0440 /etc/sudoers.d/rigops
+
+# Keep the image small; hosts run `apt-get update` like any fresh machine.
+apt-get clean
+rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin
+: > /etc/machine-id
