@@ -334,7 +334,7 @@ def wait_booted(host: Host, timeout: float = 90) -> None:
     raise FleetError(f"host {host.name}: systemd did not finish booting in {timeout:.0f}s (state {state!r})")
 
 
-def install_hardware(host: Host) -> None:
+def install_hardware(host: Host) -> bool:
     """Lay down the simulated hardware of the host's profile (idempotent)."""
     profile = (SANDBOX / "profiles" / f"{host.profile}.yaml").read_text()
     exec_in(host, "mkdir", "-p", "/etc/nvidia-sim", "/opt/nvidia-sim")
@@ -359,7 +359,8 @@ def install_hardware(host: Host) -> None:
         check=True,
         env=env,
     )
-    exec_in(host, "/opt/nvidia-sim/hardware/install-hardware")
+    out = exec_in(host, "/opt/nvidia-sim/hardware/install-hardware").stdout
+    return "unchanged" not in out
 
 
 def authorize(host: Host, pubkey: str) -> bool:
@@ -442,14 +443,16 @@ def up(hosts: list[Host], as_json: bool) -> None:
     known = {}
     for host in hosts:
         wait_booted(host)
+        # Every time, not only at creation: it is idempotent, and it completes a host
+        # whose creation was interrupted.
+        hw_changed = install_hardware(host)
         if host.name in created:
-            install_hardware(host)
             log(f"host {host.name}: created ({host.profile}, ssh 127.0.0.1:{host.port})")
-        changed = authorize(host, pubkey)
+        changed = authorize(host, pubkey) or hw_changed
         known[f"[127.0.0.1]:{host.port}"] = host_key(host)
         wait_ssh(host)
         if host.name not in created:
-            log(f"host {host.name}: {'key updated' if changed else 'ok'}")
+            log(f"host {host.name}: {'updated' if changed else 'ok'}")
     record_known_hosts(known)
     log(f"up: {len(hosts)} host(s), {len(created)} created, in {time.monotonic() - start:.1f}s")
     if as_json:

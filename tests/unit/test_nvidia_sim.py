@@ -1,0 +1,578 @@
+"""The simulated NVIDIA stack: hardware stand-ins, nvidia-smi emulator, persistence daemon.
+
+Everything runs against a scratch root (NVIDIA_SIM_ROOT), never the host's /.
+The emulator's layouts are checked against the shapes of real captures.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+SANDBOX = ROOT / "sandbox"
+HW = SANDBOX / "hardware"
+SMI = SANDBOX / "nvidia" / "nvidia-smi"
+PERSISTENCED = SANDBOX / "nvidia" / "nvidia-persistenced"
+PROFILES = SANDBOX / "profiles"
+KREL = "6.1.0-nvsim-test"
+
+sys.path.insert(0, str(HW / "lib"))
+
+
+class Host:
+    """One simulated machine in a scratch root."""
+
+    def __init__(self, root: Path, profile: str | dict):
+        self.root = root
+        self.env = dict(os.environ, NVIDIA_SIM_ROOT=str(root), NVIDIA_SIM_KERNEL_RELEASE=KREL, HOME=str(root / "root"))
+        self.env.pop("NVIDIA_SIM_DRIVER_VERSION", None)
+        (root / "etc/nvidia-sim").mkdir(parents=True)
+        (root / "root").mkdir()
+        data = profile if isinstance(profile, dict) else yaml.safe_load((PROFILES / f"{profile}.yaml").read_text())
+        (root / "etc/nvidia-sim/profile.yaml").write_text(yaml.safe_dump(data))
+        self.profile = data
+
+    def run(self, exe: Path | str, *args: str, euid: int | None = None, **env: str) -> subprocess.CompletedProcess:
+        e = dict(self.env, **env)
+        if euid is not None:
+            e["NVIDIA_SIM_FAKE_EUID"] = str(euid)
+        return subprocess.run(
+            [sys.executable, str(exe), *args], env=e, capture_output=True, text=True, timeout=60, check=False
+        )
+
+    def tool(self, name: str, *args: str, **kw) -> subprocess.CompletedProcess:
+        return self.run(HW / "bin" / name, *args, **kw)
+
+    def smi(self, *args: str, **kw) -> subprocess.CompletedProcess:
+        return self.run(SMI, *args, **kw)
+
+    def install_hardware(self, *args: str) -> subprocess.CompletedProcess:
+        return self.run(HW / "install-hardware", *args)
+
+    def path(self, p: str) -> Path:
+        return self.root / p.lstrip("/")
+
+    def install_driver(self, version: str = "595.45.04", flavour: str = "open") -> None:
+        """What the stand-in nvidia-dkms postinst leaves behind."""
+        code = f"from nvsim import kmod; kmod.install_driver_modules({version!r}, {flavour!r})"
+        subprocess.run([sys.executable, "-c", code], env=dict(self.env, PYTHONPATH=str(HW / "lib")), check=True)
+
+    def configure_driver(self) -> None:
+        """The driver role's files: nouveau blacklist + modules at boot."""
+        self.path("/etc/modprobe.d").mkdir(parents=True, exist_ok=True)
+        self.path("/etc/modprobe.d/blacklist-nouveau.conf").write_text("blacklist nouveau\noptions nouveau modeset=0\n")
+        self.path("/etc/modules-load.d").mkdir(parents=True, exist_ok=True)
+        self.path("/etc/modules-load.d/nvidia.conf").write_text("nvidia\nnvidia_uvm\n")
+
+    def reboot(self) -> None:
+        shutil.rmtree(self.path("/run"), ignore_errors=True)
+        assert self.tool("nvidia-sim-boot", "--no-services").returncode == 0
+
+    def ready(self) -> Host:
+        """Hardware + driver installed, nouveau blacklisted, initramfs rebuilt, rebooted."""
+        self.install_driver()
+        self.configure_driver()
+        assert self.tool("update-initramfs", "-u").returncode == 0
+        self.reboot()
+        return self
+
+
+@pytest.fixture
+def host(tmp_path):
+    hosts = []
+
+    def make(profile: str | dict, ready: bool = False) -> Host:
+        h = Host(tmp_path / f"root{len(hosts)}", profile)
+        r = h.install_hardware()
+        assert r.returncode == 0, r.stderr
+        hosts.append(h)
+        return h.ready() if ready else h
+
+    yield make
+    for h in hosts:  # stop any daemon a test left running
+        pidfile = h.path("/run/nvidia-persistenced/nvidia-persistenced.pid")
+        if pidfile.exists():
+            try:
+                os.kill(int(pidfile.read_text()), signal.SIGTERM)
+            except (ProcessLookupError, ValueError):
+                pass
+
+
+EXPECTED = {  # profile: (GPUs nvidia-smi reports, memory.total, NICs)
+    "rtx5090x8": (8, "32607 MiB", 0),
+    "h100x8": (8, "81559 MiB", 4),
+    "rtx5090x2": (2, "32607 MiB", 0),
+    "broken": (7, "32607 MiB", 0),
+}
+
+
+# ---------------------------------------------------------------- install-hardware
+def _tree(root: Path) -> dict[str, str]:
+    out = {}
+    for p in sorted(root.rglob("*")):
+        rel = str(p.relative_to(root))
+        if p.is_symlink():
+            out[rel] = "-> " + os.readlink(p)
+        elif p.is_file():
+            out[rel] = p.read_bytes().hex()[:64] + oct(p.stat().st_mode)
+    return out
+
+
+@pytest.mark.parametrize("profile", sorted(p.stem for p in PROFILES.glob("*.yaml")))
+def test_install_hardware_is_idempotent(host, profile):
+    h = host(profile)
+    before = _tree(h.root / "etc")
+    again = h.install_hardware()
+    assert again.returncode == 0
+    assert again.stdout.strip() == "install-hardware: unchanged"
+    assert _tree(h.root / "etc") == before
+    assert h.path("/etc/systemd/system/sysinit.target.wants/nvidia-sim-boot.service").is_symlink()
+    assert os.readlink(h.path("/usr/sbin/modprobe")) == str(HW / "bin" / "modprobe")
+
+
+def test_install_hardware_needs_a_profile(tmp_path):
+    env = dict(os.environ, NVIDIA_SIM_ROOT=str(tmp_path))
+    r = subprocess.run(
+        [sys.executable, str(HW / "install-hardware")], env=env, capture_output=True, text=True, check=False
+    )
+    assert r.returncode == 1
+    assert "no hardware profile" in r.stderr
+
+
+def test_sysfs_iommu_groups_follow_acs(host):
+    good = host("rtx5090x8")
+    grp = good.path("/etc/nvidia-sim/sys/bus/pci/devices/0000:05:00.0/iommu_group")
+    assert grp.is_symlink()
+    # GPUs behind one host bridge without ACS redirect share a group
+    assert os.path.realpath(grp) == os.path.realpath(
+        good.path("/etc/nvidia-sim/sys/bus/pci/devices/0000:08:00.0/iommu_group")
+    )
+    assert good.path("/etc/nvidia-sim/sys/bus/pci/devices/0000:05:00.0/vendor").read_text() == "0x10de\n"
+    assert good.path("/etc/nvidia-sim/sys/bus/pci/devices/0000:85:00.0/numa_node").read_text() == "1\n"
+    bad = host("broken")
+    g5 = os.path.realpath(bad.path("/etc/nvidia-sim/sys/bus/pci/devices/0000:05:00.0/iommu_group"))
+    g8 = os.path.realpath(bad.path("/etc/nvidia-sim/sys/bus/pci/devices/0000:08:00.0/iommu_group"))
+    assert g5 != g8
+    members = sorted(os.listdir(os.path.join(g5, "devices")))
+    assert members == ["0000:05:00.0", "0000:05:00.1"]  # the GPU and its audio function
+
+
+def test_profile_files(host):
+    bad = host("broken")
+    assert "NCCL_P2P_DISABLE=1" in bad.path("/etc/environment").read_text().splitlines()
+    thor = host("jetson-thor")
+    assert thor.path("/etc/nv_tegra_release").read_text().startswith("# R38 (release), REVISION: 2.0,")
+    assert thor.path("/etc/nvidia-sim/proc/device-tree/model").read_bytes() == b"NVIDIA Jetson AGX Thor Developer Kit\0"
+    assert not thor.path("/usr/bin/nvidia-smi").exists()  # JetPack 7.0: no nvidia-smi
+    assert not host("rtx5090x2").path("/etc/nvidia-sim/proc/device-tree/model").exists()
+
+
+# ---------------------------------------------------------------- modules and boot
+def test_fresh_rig_boots_with_nouveau_and_smi_fails(host):
+    h = host("rtx5090x8")
+    assert "nouveau" in h.tool("lsmod").stdout
+    r = h.smi()
+    assert r.returncode == 9
+    assert r.stdout.strip() == (
+        "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver. "
+        "Make sure that the latest NVIDIA driver is installed and running."
+    )
+    h.install_driver()
+    r = h.tool("modprobe", "nvidia")
+    assert r.returncode == 1 and "could not insert 'nvidia': No such device" in r.stderr
+    assert h.smi("-L").returncode == 9  # nouveau still holds the GPUs
+
+
+def test_blacklist_needs_initramfs_rebuild_and_reboot(host):
+    h = host("rtx5090x8")
+    h.install_driver()
+    h.configure_driver()
+    h.reboot()  # blacklist only on the root fs: the old initramfs still loads nouveau
+    assert "nouveau" in h.tool("lsmod").stdout
+    assert h.tool("update-initramfs", "-u", "-k", "all").returncode == 0
+    log = h.path("/var/log/nvidia-sim/initramfs.log").read_text().splitlines()
+    assert len(log) == 1 and "update-initramfs -u -k all" in log[0]
+    h.reboot()
+    mods = h.tool("lsmod").stdout
+    assert "nouveau" not in mods
+    assert "nvidia_uvm" in mods and "nvidia " in mods
+    assert h.path("/run/nvidia-sim/sys/module/nvidia/version").read_text() == "595.45.04\n"
+    assert h.path("/etc/nvidia-sim/sys/module/nvidia/version").read_text() == "595.45.04\n"
+    proc = h.path("/etc/nvidia-sim/proc/driver/nvidia/version").read_text()
+    assert proc.startswith("NVRM version: NVIDIA UNIX Open Kernel Module for ")
+    assert "  595.45.04  Release Build  " in proc
+
+
+def test_smi_autoloads_the_module_like_nvidia_modprobe(host):
+    h = host("rtx5090x2")
+    h.install_driver()
+    h.configure_driver()
+    h.tool("update-initramfs", "-u")
+    h.path("/etc/modules-load.d/nvidia.conf").unlink()
+    h.path("/etc/modprobe.d/no-nvidia.conf").write_text("blacklist nvidia\n")  # no modalias load either
+    h.reboot()
+    assert "nvidia" not in h.tool("lsmod").stdout
+    assert h.smi("-L").returncode == 0
+    assert h.tool("lsmod").stdout.splitlines()[1].startswith("nvidia ")
+
+
+def test_modprobe_rmmod_modinfo(host):
+    h = host("rtx5090x8", ready=True)
+    r = h.tool("rmmod", "nvidia")
+    assert r.returncode == 1 and "Module nvidia is in use by: nvidia_uvm" in r.stderr
+    assert h.tool("modprobe", "-r", "nvidia_uvm").returncode == 0
+    assert "nvidia" not in h.tool("lsmod").stdout
+    assert not h.path("/run/nvidia-sim/proc/driver/nvidia/version").exists()
+    assert h.tool("modinfo", "-F", "version", "nvidia").stdout == "595.45.04\n"
+    r = h.tool("modinfo", "bogus")
+    assert r.returncode == 1 and "Module bogus not found" in r.stderr
+    r = h.tool("modprobe", "bogus")
+    assert r.returncode == 1 and "FATAL: Module bogus not found in directory /lib/modules/" + KREL in r.stderr
+    assert h.tool("modprobe", "nvidia_drm").returncode == 0
+    assert {"nvidia", "nvidia_modeset", "nvidia_drm"} <= set(h.tool("lsmod").stdout.split())
+
+
+def test_no_gpu_and_secure_boot(host):
+    h = host("nogpu")
+    h.install_driver()
+    r = h.tool("modprobe", "nvidia")
+    assert r.returncode == 1 and "No such device" in r.stderr
+    assert h.smi().returncode == 9
+    assert h.tool("lspci", "-d", "10de:").stdout == ""
+    assert h.tool("mokutil", "--sb-state").stdout == "SecureBoot disabled\n"
+    data = yaml.safe_load((PROFILES / "rtx5090x2.yaml").read_text())
+    data["system"]["secure_boot"] = True
+    sb = host(data)
+    sb.install_driver()
+    sb.configure_driver()
+    sb.tool("update-initramfs", "-u")
+    sb.reboot()
+    assert sb.tool("mokutil", "--sb-state").stdout == "SecureBoot enabled\n"
+    r = sb.tool("modprobe", "nvidia")
+    assert r.returncode == 1 and "Key was rejected by service" in r.stderr
+
+
+# ---------------------------------------------------------------- nvidia-smi output
+@pytest.mark.parametrize("profile", sorted(EXPECTED))
+def test_query_xml(host, profile):
+    n, mem, _ = EXPECTED[profile]
+    h = host(profile, ready=True)
+    r = h.smi("-q", "-x")
+    assert r.returncode == 0, r.stdout
+    assert r.stdout.startswith('<?xml version="1.0" ?>\n<!DOCTYPE nvidia_smi_log SYSTEM "nvsmi_device_v12.dtd">\n')
+    log = ET.fromstring(r.stdout.split("\n", 2)[2])
+    assert log.tag == "nvidia_smi_log"
+    assert log.findtext("driver_version") == "595.45.04"
+    assert log.findtext("cuda_version") == "13.2"
+    assert log.findtext("attached_gpus") == str(n)
+    gpus = log.findall("gpu")
+    assert len(gpus) == n
+    for g in gpus:
+        assert g.get("id") == g.findtext("pci/pci_bus_id")
+        assert g.get("id").startswith("00000000:")
+        assert g.findtext("fb_memory_usage/total") == mem
+        assert g.findtext("persistence_mode") == "Disabled"
+        assert g.findtext("uuid").startswith("GPU-")
+        assert g.findtext("product_architecture") in ("Blackwell", "Hopper")
+    assert len({g.findtext("uuid") for g in gpus}) == n
+
+
+def test_query_text_and_list(host):
+    h = host("h100x8", ready=True)
+    q = h.smi("-q", "-i", "0").stdout
+    assert "==============NVSMI LOG==============" in q
+    assert "\nAttached GPUs                             : 8\n" in q
+    assert "\n    Product Name                          : NVIDIA H100 80GB HBM3\n" in q
+    assert "\n        Bus Id                            : 00000000:13:00.0\n" in q
+    assert "\n        Bus                               : 0x13\n" in q
+    assert q.count("\nGPU 0000") == 1
+    lines = h.smi("-L").stdout.splitlines()
+    assert len(lines) == 8
+    assert lines[0].startswith("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-")
+    summary = h.smi().stdout
+    assert "| NVIDIA-SMI 595.45.04              Driver Version: 595.45.04      CUDA Version: 13.2     |" in summary
+    assert all(len(line) == 91 for line in summary.splitlines()[1:] if line.startswith(("|", "+")))
+
+
+def test_query_gpu_csv(host):
+    h = host("rtx5090x8", ready=True)
+    fields = "index,uuid,name,memory.total,driver_version,compute_cap,persistence_mode,pci.bus_id"
+    fields += ",memory.used,utilization.gpu"
+    r = h.smi(f"--query-gpu={fields}", "--format=csv")
+    assert r.returncode == 0
+    lines = r.stdout.splitlines()
+    assert lines[0] == (
+        "index, uuid, name, memory.total [MiB], driver_version, compute_cap, persistence_mode, "
+        "pci.bus_id, memory.used [MiB], utilization.gpu [%]"
+    )
+    assert len(lines) == 9
+    row = lines[1].split(", ")
+    assert row[0] == "0" and row[2] == "NVIDIA GeForce RTX 5090" and row[3] == "32607 MiB"
+    assert row[4:8] == ["595.45.04", "12.0", "Disabled", "00000000:05:00.0"]
+    assert row[9] == "0 %"
+    r = h.smi("--query-gpu=index,memory.total,compute_cap", "--format=csv,noheader,nounits")
+    assert r.stdout.splitlines()[:2] == ["0, 32607, 12.0", "1, 32607, 12.0"]
+    r = h.smi("--query-gpu=memory.used", "--format=csv,noheader", "-i", "3")
+    assert r.stdout == "2 MiB\n"
+    h.path("/run/nvidia-sim/usage.yaml").write_text("'3': {memory_used_mib: 27000, utilization_gpu: 97}\n")
+    r = h.smi("--query-gpu=memory.used,utilization.gpu", "--format=csv,nounits", "-i", "3")
+    assert r.stdout == "memory.used [MiB], utilization.gpu [%]\n27000, 97\n"
+
+
+def _topo(text: str):
+    lines = text.split("\n")
+    header = lines[0].split("\t")
+    rows = []
+    for line in lines[1:]:
+        if not line:
+            break
+        rows.append(line.split("\t"))
+    return header, rows, text
+
+
+@pytest.mark.parametrize("profile", sorted(EXPECTED))
+def test_topo_matrix_layout(host, profile):
+    n, _, nics = EXPECTED[profile]
+    h = host(profile, ready=True)
+    r = h.smi("topo", "-m")
+    assert r.returncode == 0
+    header, rows, text = _topo(r.stdout)
+    cols = [f"GPU{i}" for i in range(n)] + [f"NIC{i}" for i in range(nics)]
+    assert header == ["", *cols, "CPU Affinity", "NUMA Affinity", "GPU NUMA ID"]
+    assert len(rows) == n + nics
+    for i, row in enumerate(rows[:n]):
+        assert row[0] == f"GPU{i}"
+        assert row[1 + i] == " X "
+        assert len(row) == len(header) + 1  # NUMA Affinity is followed by an empty cell, as printed
+        assert row[-2] == "" and row[-1] == "N/A"
+    for i, row in enumerate(rows[n:]):
+        assert row[0] == f"NIC{i}" and row[1 + n + i] == " X "
+        assert row[-4:] == ["", "", "", ""]
+    assert "\nLegend:\n\n  X    = Self\n" in text
+    assert "  NV#  = Connection traversing a bonded set of # NVLinks\n" in text
+    assert ("\nNIC Legend:\n\n  NIC0: mlx5_0\n" in text) == bool(nics)
+
+
+def test_topo_link_codes(host):
+    h = host("rtx5090x8", ready=True)
+    _, rows, _ = _topo(h.smi("topo", "-m").stdout)
+    assert rows[0][1:9] == [" X ", "PXB", "NODE", "NODE", "SYS", "SYS", "SYS", "SYS"]
+    assert rows[0][9:11] == ["0-31,64-95", "0"]
+    assert rows[5][9:11] == ["32-63,96-127", "1"]
+    h100 = host("h100x8", ready=True)
+    _, rows, text = _topo(h100.smi("topo", "-m").stdout)
+    assert all(c == "NV18" for r in rows[:8] for j, c in enumerate(r[1:9]) if j != rows.index(r))
+    assert rows[0][9:13] == ["PIX", "NODE", "SYS", "SYS"]  # GPU0 shares a switch with NIC0
+    assert rows[8][1:9] == ["PIX", "PIX", "NODE", "NODE", "SYS", "SYS", "SYS", "SYS"]
+    assert "  NIC3: mlx5_3\n" in text
+    _, rows, _ = _topo(h100.smi("topo", "-mp").stdout)
+    assert rows[0][2] == "PIX"  # PCIe path only
+    two = host("rtx5090x2", ready=True)
+    _, rows, _ = _topo(two.smi("topo", "-m").stdout)
+    assert rows[0][1:3] == [" X ", "PHB"]
+
+
+def _p2p(text: str) -> list[list[str]]:
+    lines = text.split("\n")
+    assert lines[0].startswith(" \tGPU0\t") and lines[0].endswith("\t")
+    out = []
+    for line in lines[1:]:
+        if not line:
+            break
+        assert line.startswith(" GPU") and line.endswith("\t")
+        out.append(line.strip().split("\t"))
+    assert "\nLegend:\n\n  X    = Self\n  OK   = Status Ok\n  CNS  = Chipset not supported\n" in text
+    return out
+
+
+def test_topo_p2p(host):
+    h = host("rtx5090x8", ready=True)
+    r = _p2p(h.smi("topo", "-p2p", "r").stdout)
+    assert r[0] == ["GPU0", "X", "OK", "OK", "OK", "GNS", "GNS", "GNS", "GNS"]
+    assert _p2p(h.smi("topo", "-p2p", "n").stdout)[0][2] == "NS"
+    h100 = host("h100x8", ready=True)
+    for cap in "rwna":
+        assert {c for row in _p2p(h100.smi("topo", "-p2p", cap).stdout) for c in row[1:]} == {"X", "OK"}
+    bad = host("broken", ready=True)
+    rows = _p2p(bad.smi("topo", "-p2p", "w").stdout)
+    assert len(rows) == 7 and rows[0][2] == "CNS"
+    r = h.smi("topo", "-p2p")
+    assert r.returncode == 2 and r.stdout == 'Option "-p2p" is missing its value.\n'
+    assert h.smi("topo", "-p2p", "x").returncode == 2
+
+
+def test_errors_and_exit_codes(host):
+    h = host("rtx5090x2", ready=True)
+    r = h.smi("--bogus")
+    assert r.returncode == 2 and r.stdout == "ERROR: Option --bogus is not recognized. Please run 'nvidia-smi -h'.\n"
+    r = h.smi("--query-gpu=name")
+    assert r.returncode == 2 and "Invalid combination of input arguments" in r.stdout
+    r = h.smi("--query-gpu=nope", "--format=csv")
+    assert r.returncode == 2 and 'Field "nope" is not a valid field to query.' in r.stdout
+    r = h.smi("-i", "5", "-L")
+    assert r.returncode == 6 and r.stdout == "No devices were found\n"
+    assert h.smi("-i", "GPU-" + "0" * 8, "-L").returncode == 6
+    uuid = h.smi("--query-gpu=uuid", "--format=csv,noheader", "-i", "1").stdout.strip()
+    assert h.smi("-i", uuid, "-L").stdout.startswith("GPU 1: ")
+    # library from a newer package than the loaded module: needs a reboot
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); from nvsim import smi; "
+        "sys.exit(smi.main(['-L'], {'driver_version': '590.48.01'}))"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code, str(HW / "lib")], env=h.env, capture_output=True, text=True, check=False
+    )
+    assert r.returncode == 18
+    assert r.stdout == "Failed to initialize NVML: Driver/library version mismatch\nNVML library version: 590.48\n"
+
+
+# ---------------------------------------------------------------- persistence
+def _pm(h: Host) -> list[str]:
+    return h.smi("--query-gpu=persistence_mode", "--format=csv,noheader").stdout.split()
+
+
+def test_legacy_persistence_mode(host):
+    h = host("rtx5090x2", ready=True)
+    r = h.smi("-pm", "1", euid=1000)
+    assert r.returncode == 4
+    assert r.stdout == (
+        "Unable to set persistence mode for GPU 00000000:01:00.0: Insufficient Permissions\n"
+        "Terminating early due to previous errors.\n"
+    )
+    assert _pm(h) == ["Disabled", "Disabled"]
+    r = h.smi("-pm", "1")
+    assert r.returncode == 0
+    assert r.stdout == (
+        "Enabled Legacy persistence mode for GPU 00000000:01:00.0.\n"
+        "Enabled Legacy persistence mode for GPU 00000000:02:00.0.\nAll done.\n"
+    )
+    assert _pm(h) == ["Enabled", "Enabled"]
+    assert "<persistence_mode>Enabled</persistence_mode>" in h.smi("-q", "-x").stdout
+    assert (
+        h.smi("-i", "1", "-pm", "0").stdout == "Disabled Legacy persistence mode for GPU 00000000:02:00.0.\nAll done.\n"
+    )
+    assert _pm(h) == ["Enabled", "Disabled"]
+    h.reboot()  # legacy persistence does not survive a reboot
+    assert _pm(h) == ["Disabled", "Disabled"]
+    assert h.smi("-pm", "2").returncode == 2
+
+
+def _wait(pred, timeout=5.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_persistenced_daemon(host):
+    h = host("rtx5090x8", ready=True)
+    r = h.run(PERSISTENCED, "--user", "nvidia-persistenced", "--verbose")
+    assert r.returncode == 0, r.stderr
+    pid = int(h.path("/run/nvidia-persistenced/nvidia-persistenced.pid").read_text())
+    assert set(_pm(h)) == {"Enabled"}
+    assert h.run(PERSISTENCED).returncode == 1  # one instance only
+    r = h.tool("rmmod", "nvidia_uvm")
+    assert r.returncode == 0
+    r = h.tool("rmmod", "nvidia")
+    assert r.returncode == 1 and "Module nvidia is in use" in r.stderr
+    assert h.smi("-i", "2", "-pm", "0").stdout == "Disabled persistence mode for GPU 00000000:25:00.0.\nAll done.\n"
+    assert _pm(h)[2] == "Disabled"
+    assert h.smi("-i", "0", "-pm", "1").stdout.startswith("Persistence mode is already Enabled for GPU")
+    os.kill(pid, signal.SIGTERM)
+    assert _wait(lambda: not h.path("/run/nvidia-persistenced/nvidia-persistenced.pid").exists())
+    assert set(_pm(h)) == {"Disabled"}
+
+
+def test_persistenced_no_persistence_mode_and_foreground(host):
+    h = host("rtx5090x2", ready=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(PERSISTENCED), "--no-persistence-mode", "-f"],
+        env=h.env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        assert _wait(lambda: h.path("/run/nvidia-sim/persistenced.json").exists())
+        assert _pm(h) == ["Disabled", "Disabled"]  # Ubuntu's unit runs it like this
+        assert h.smi("-pm", "1").stdout.startswith("Enabled persistence mode for GPU 00000000:01:00.0.\n")
+        assert _pm(h) == ["Enabled", "Enabled"]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    assert _pm(h) == ["Disabled", "Disabled"]
+
+
+def test_persistenced_fails_without_driver(host):
+    h = host("rtx5090x8")  # nouveau loaded, no driver
+    r = h.run(PERSISTENCED)
+    assert r.returncode == 1
+    assert "nvidia-persistenced failed to initialize. Check syslog for more details." in r.stderr
+
+
+# ---------------------------------------------------------------- lspci
+def test_lspci(host):
+    h = host("broken", ready=True)
+    lines = h.tool("lspci", "-d", "10de:").stdout.splitlines()
+    assert len(lines) == 16  # 8 GPUs (one invisible to nvidia-smi) + their audio functions
+    assert lines[0] == "05:00.0 VGA compatible controller: NVIDIA Corporation GB202 [GeForce RTX 5090] (rev a1)"
+    nn = h.tool("lspci", "-nn", "-s", "88:00.0").stdout
+    assert nn == (
+        "88:00.0 VGA compatible controller [0300]: NVIDIA Corporation GB202 [GeForce RTX 5090] [10de:2b85] (rev a1)\n"
+    )
+    vvv = h.tool("lspci", "-vvv").stdout
+    acs = [ln.strip() for ln in vvv.splitlines() if "ACSCtl:" in ln]
+    assert acs and all("ReqRedir+" in a and "CmpltRedir+" in a for a in acs)
+    assert "ACSCtl:\tSrcValid+ TransBlk- ReqRedir+ CmpltRedir+ UpstreamFwd+ EgressCtrl- DirectTrans-" in vvv
+    assert "\tKernel driver in use: nvidia\n" in vvv
+    assert "Capabilities: <access denied>" in h.tool("lspci", "-vvv", euid=1000).stdout
+    good = host("rtx5090x8")
+    vvv = good.tool("lspci", "-vvv", "-s", "0000:00:01.1").stdout
+    assert "ReqRedir-" in vvv and "IOMMU group:" in vvv and "NUMA node: 0" in vvv
+    assert "\tKernel driver in use: nouveau\n" in good.tool("lspci", "-k", "-s", "05:00.0").stdout
+
+
+# ---------------------------------------------------------------- Jetson
+def test_jetson_tools(host):
+    h = host("jetson-thor")
+    assert h.tool("nvpmodel", "-q").stdout == "NV Power Mode: MAXN\n0\n"
+    assert h.tool("nvpmodel", "-m", "2", euid=1000).returncode == 1
+    assert h.tool("nvpmodel", "-m", "2").returncode == 0
+    assert h.tool("nvpmodel", "-q").stdout == "NV Power Mode: 90W\n2\n"
+    assert h.tool("nvpmodel", "-m", "9").returncode == 1
+    show = h.tool("jetson_clocks", "--show").stdout
+    assert show.startswith("SOC family:tegra264  Machine:NVIDIA Jetson AGX Thor Developer Kit\n")
+    assert "NV Power Mode: 90W" in show and "MinFreq=972000 " in show
+    assert h.tool("jetson_clocks", "--store").returncode == 0
+    assert h.tool("jetson_clocks").returncode == 0
+    assert "MinFreq=2601000 " in h.tool("jetson_clocks", "--show").stdout
+    assert h.tool("jetson_clocks", "--restore").returncode == 0
+    assert "MinFreq=972000 " in h.tool("jetson_clocks", "--show").stdout
+    assert {"nvidia", "nvidia_modeset", "nvidia_drm"} <= set(h.tool("lsmod").stdout.split())
+    assert "nouveau" not in h.tool("lsmod").stdout
+    assert h.tool("lspci", "-d", "10de:").stdout.startswith("0001:00:00.0 PCI bridge: NVIDIA Corporation")
+    assert h.tool("nvpmodel", "-q").returncode == 0
+    assert host("rtx5090x2").tool("nvpmodel", "-q").returncode == 1
+
+
+def test_jetson_with_l4t_nvidia_smi(host):
+    data = yaml.safe_load((PROFILES / "jetson-thor.yaml").read_text())
+    data["jetson"]["nvidia_smi"] = True
+    h = host(data)
+    smi = h.path("/usr/bin/nvidia-smi")
+    assert smi.exists() and os.access(smi, os.X_OK)
+    r = h.run(smi, "--query-gpu=name,compute_cap,driver_version,persistence_mode", "--format=csv,noheader")
+    assert r.returncode == 0, r.stdout
+    assert r.stdout == "NVIDIA Thor, 11.0, 580.00, [N/A]\n"
+    assert h.run(smi, "-pm", "1").returncode == 3
