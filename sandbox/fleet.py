@@ -138,31 +138,35 @@ def build_image() -> str:
 
 @dataclass
 class Service:
-    """A service container on the sandbox network, serving a folder built on the host."""
+    """A service container on the sandbox network, serving what is built in the cache.
+
+    The whole cache folder is mounted read-only at /cache: builders replace their output
+    folders atomically (rename), which a bind mount of the folder itself would not see.
+    """
 
     name: str
     port: int
     host_port: int
-    folder: Path
-    build: list[str]  # command that builds `folder` (cached by the builder itself)
+    build: list[str]  # command that builds what it serves (cached by the builder itself)
     command: list[str]
 
     @property
     def container(self) -> str:
         return PREFIX + self.name
 
+    def spec(self, image: str) -> str:
+        return hashlib.sha256(json.dumps([image, self.port, self.host_port, self.command]).encode()).hexdigest()[:12]
+
 
 def services() -> list[Service]:
     py = sys.executable
-    repo_out = CACHE / "nvidia-repo"
     return [
         Service(
             name="repo",
             port=8080,
             host_port=18080,
-            folder=repo_out / "repo",
-            build=[py, str(SANDBOX / "nvidia" / "build_repo.py"), "--out", str(repo_out)],
-            command=["python3", "-m", "http.server", "8080", "--directory", "/srv"],
+            build=[py, str(SANDBOX / "nvidia" / "build_repo.py"), "--out", str(CACHE / "nvidia-repo")],
+            command=["python3", "-m", "http.server", "8080", "--directory", "/cache/nvidia-repo/repo"],
         ),
     ]
 
@@ -177,9 +181,9 @@ def ensure_service(svc: Service, image: str) -> None:
     subprocess.run(svc.build, check=True)
     name = svc.container
     state = container_state(name)
-    if state and container_label(name, f"{LABEL}.image") != image:
-        log(f"service {svc.name}: image changed, recreating")
-        podman("rm", "-f", name)
+    if state and container_label(name, f"{LABEL}.spec") != svc.spec(image):
+        log(f"service {svc.name}: definition changed, recreating")
+        podman("rm", "-f", "-t", "1", name)
         state = None
     if state is None:
         podman(
@@ -196,11 +200,11 @@ def ensure_service(svc: Service, image: str) -> None:
             "-p",
             f"127.0.0.1:{svc.host_port}:{svc.port}",
             "-v",
-            f"{svc.folder}:/srv:ro",
+            f"{CACHE}:/cache:ro",
             "--label",
             f"{LABEL}=service",
             "--label",
-            f"{LABEL}.image={image}",
+            f"{LABEL}.spec={svc.spec(image)}",
             "--restart",
             "always",
             image,
