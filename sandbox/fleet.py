@@ -28,6 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -138,35 +139,65 @@ def build_image() -> str:
 
 @dataclass
 class Service:
-    """A service container on the sandbox network, serving what is built in the cache.
+    """A service container on the sandbox network, serving what a builder made in the cache.
 
-    The whole cache folder is mounted read-only at /cache: builders replace their output
-    folders atomically (rename), which a bind mount of the folder itself would not see.
+    The whole cache folder is mounted read-only at /cache (builders replace their output
+    folders atomically, which a bind mount of the folder itself would not see) and the
+    sandbox sources at /sandbox. ``build`` prints its output folder as its last stdout
+    line; ``command`` turns that folder (as seen inside the container) into the argv.
     """
 
     name: str
     port: int
     host_port: int
-    build: list[str]  # command that builds what it serves (cached by the builder itself)
-    command: list[str]
+    build: list[str]
+    command: Callable[[str], list[str]]
 
     @property
     def container(self) -> str:
         return PREFIX + self.name
 
-    def spec(self, image: str) -> str:
-        return hashlib.sha256(json.dumps([image, self.port, self.host_port, self.command]).encode()).hexdigest()[:12]
+
+def _in_container(path: str) -> str:
+    return "/cache/" + str(Path(path).resolve().relative_to(CACHE.resolve()))
 
 
 def services() -> list[Service]:
     py = sys.executable
+
+    def http_server(port: int) -> Callable[[str], list[str]]:
+        return lambda folder: ["python3", "-m", "http.server", str(port), "--directory", _in_container(folder)]
+
     return [
         Service(
             name="repo",
             port=8080,
             host_port=18080,
             build=[py, str(SANDBOX / "nvidia" / "build_repo.py"), "--out", str(CACHE / "nvidia-repo")],
-            command=["python3", "-m", "http.server", "8080", "--directory", "/cache/nvidia-repo/repo"],
+            command=http_server(8080),
+        ),
+        Service(
+            name="hub",
+            port=8090,
+            host_port=18090,
+            build=[py, str(SANDBOX / "model" / "make_tiny_model.py")],
+            command=lambda models: [
+                "python3",
+                "/sandbox/hub/hub.py",
+                "--root",
+                _in_container(models),
+                "--host",
+                "0.0.0.0",
+                "--port",
+                "8090",
+            ],
+        ),
+        Service(
+            name="wheels",
+            port=8070,
+            host_port=18070,
+            build=[py, str(SANDBOX / "wheelhouse" / "build.py")],
+            command=http_server(8070),
         ),
     ]
 
@@ -178,10 +209,13 @@ def ensure_network() -> None:
 
 
 def ensure_service(svc: Service, image: str) -> None:
-    subprocess.run(svc.build, check=True)
+    built = subprocess.run(svc.build, check=True, stdout=subprocess.PIPE, text=True).stdout
+    folder = built.strip().splitlines()[-1].split()[-1]  # builders print their output folder last
+    command = svc.command(folder)
+    spec = hashlib.sha256(json.dumps([image, svc.port, svc.host_port, command]).encode()).hexdigest()[:12]
     name = svc.container
     state = container_state(name)
-    if state and container_label(name, f"{LABEL}.spec") != svc.spec(image):
+    if state and container_label(name, f"{LABEL}.spec") != spec:
         log(f"service {svc.name}: definition changed, recreating")
         podman("rm", "-f", "-t", "1", name)
         state = None
@@ -201,14 +235,16 @@ def ensure_service(svc: Service, image: str) -> None:
             f"127.0.0.1:{svc.host_port}:{svc.port}",
             "-v",
             f"{CACHE}:/cache:ro",
+            "-v",
+            f"{SANDBOX}:/sandbox:ro",
             "--label",
             f"{LABEL}=service",
             "--label",
-            f"{LABEL}.spec={svc.spec(image)}",
+            f"{LABEL}.spec={spec}",
             "--restart",
             "always",
             image,
-            *svc.command,
+            *command,
         )
         log(f"service {svc.name}: started on http://{name}:{svc.port} (host: 127.0.0.1:{svc.host_port})")
     elif state != "running":

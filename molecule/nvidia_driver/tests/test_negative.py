@@ -6,20 +6,17 @@ with the variables of each case.
 
 import os
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
+from rigops_testinfra import ansible_playbook
 
 SCENARIO = Path(os.environ.get("MOLECULE_SCENARIO_DIRECTORY", Path(__file__).resolve().parent.parent))
 testinfra_hosts = ["drv-nogpu", "drv-fresh", "drv-archive"]
 
 
 def play(limit, *extra):
-    inventory = Path(os.environ["MOLECULE_INVENTORY_FILE"]).parent
-    cmd = ["ansible-playbook", "-i", str(inventory), str(SCENARIO / "negative.yml"), "-l", limit, *extra]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    return proc.returncode, proc.stdout + proc.stderr
+    return ansible_playbook(SCENARIO / "negative.yml", "-l", limit, *extra)
 
 
 def recap(output, hostname):

@@ -62,13 +62,20 @@ def profile(platform):
     return yaml.safe_load((ROOT / "sandbox" / "profiles" / f"{platform['profile']}.yaml").read_text())
 
 
-def ansible_inventory_host(hostname: str) -> dict:
-    """The merged inventory variables Molecule's ansible-playbook saw for a host."""
-    inv = os.environ["MOLECULE_INVENTORY_FILE"]
-    out = subprocess.run(
-        ["ansible-inventory", "-i", str(Path(inv).parent), "--host", hostname],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
-    return yaml.safe_load(out)
+def ansible_playbook(playbook, *args: str) -> tuple[int, str]:
+    """Run a playbook against the scenario's inventory, as Molecule's converge did.
+
+    Returns the exit code and the output (stdout and stderr together).
+    """
+    inventory = Path(os.environ["MOLECULE_INVENTORY_FILE"]).parent
+    cmd = [
+        "ansible-playbook",
+        "-i",
+        str(inventory),
+        "-i",
+        str(ROOT / "inventories" / "sandbox" / "groups.yml"),
+        str(playbook),
+        *args,
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    return proc.returncode, proc.stdout + proc.stderr

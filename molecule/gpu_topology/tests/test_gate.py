@@ -1,0 +1,77 @@
+"""The gate's verdicts, read the way an operator reads them: playbooks/validate.yml."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from rigops_testinfra import ansible_playbook
+
+ROOT = Path(os.environ["MOLECULE_PROJECT_DIRECTORY"])
+testinfra_hosts = ["topo-5090"]
+
+
+def validate(*extra):
+    return ansible_playbook(ROOT / "playbooks" / "validate.yml", *extra)
+
+
+@pytest.fixture(scope="module")
+def fleet_report():
+    return validate()
+
+
+def report_line(output, host):
+    lines = [ln for ln in output.splitlines() if f"{host}: PASS" in ln or f"{host}: FAIL" in ln]
+    assert lines, output[-3000:]
+    return lines[0]
+
+
+def test_fleet_report_has_one_line_per_rig(fleet_report):
+    rc, out = fleet_report
+    assert rc != 0  # the broken rig fails the run
+    assert "topo-5090: PASS" in report_line(out, "topo-5090")
+    assert "topo-h100: PASS" in report_line(out, "topo-h100")
+    line = report_line(out, "topo-broken")
+    assert "topo-broken: FAIL" in line
+
+
+def test_h100_all_nvlink(fleet_report):
+    line = report_line(fleet_report[1], "topo-h100")
+    assert "worst_link=NV18" in line and "p2p=ok" in line and "gpus=8" in line
+
+
+def test_5090_groups_within_a_numa_node_pass(fleet_report):
+    line = report_line(fleet_report[1], "topo-5090")
+    assert "gpus=8" in line and "driver=595.45.04" in line
+
+
+@pytest.mark.parametrize(
+    ("kind", "fix_words"),
+    [
+        ("gpu_missing", "reseat"),
+        ("acs_redirect", "ACS"),
+        ("nccl_p2p_disabled", "NCCL_P2P_DISABLE"),
+    ],
+)
+def test_broken_rig_reports_each_planted_problem_with_its_fix(fleet_report, kind, fix_words):
+    line = report_line(fleet_report[1], "topo-broken")
+    assert kind in line, line
+    assert fix_words.lower() in line.lower(), line
+
+
+def test_8_gpu_group_across_numa_with_p2p_required_fails(host):
+    instances = [{"name": "big", "gpus": list(range(8)), "engine": {"tensor_parallel_size": 8}}]
+    rc, out = validate("-l", "topo-5090:localhost", "-e", json.dumps({"vllm_instances": instances}))
+    assert rc != 0
+    line = report_line(out, "topo-5090")
+    assert "FAIL" in line
+    assert "GPU0-GPU4" in line  # a pair across the two NUMA nodes
+    assert "SYS" in line
+    assert "NUMA" in line  # the fix: pin the instance to one node's GPUs
+
+
+def test_tensor_parallel_larger_than_group_is_refused(host):
+    instances = [{"name": "x", "gpus": [0, 1], "engine": {"tensor_parallel_size": 4}}]
+    rc, out = validate("-l", "topo-5090:localhost", "-e", json.dumps({"vllm_instances": instances}))
+    assert rc != 0
+    assert "tensor_parallel_size" in out
