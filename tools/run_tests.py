@@ -23,6 +23,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 STAGES = ["lint", "unit", "image", "molecule", "integration"]
+MOLECULE_PHASES = ["destroy", "syntax", "create", "prepare", "converge", "idempotence", "verify", "destroy"]
 
 
 def scenarios() -> list[str]:
@@ -45,7 +46,10 @@ def steps(only: list[str], chosen: list[str]) -> list[tuple[str, str, list[str]]
         plan.append(("image", "sandbox image", [py, "sandbox/fleet.py", "image"]))
     if "molecule" in only:
         for name in chosen or scenarios():
-            plan.append(("molecule", f"molecule {name}", ["molecule", "test", "-s", name]))
+            # One command per phase, so each phase's time shows; destroy runs at the end
+            # whatever happened (see main).
+            for phase in MOLECULE_PHASES:
+                plan.append(("molecule", f"{name} {phase}", ["molecule", phase, "-s", name]))
     if "integration" in only and (ROOT / "tests" / "integration").is_dir():
         plan.append(("integration", "pytest tests/integration", [py, "-m", "pytest", "-q", "tests/integration"]))
     return plan
@@ -66,7 +70,9 @@ def main() -> int:
     failed_once = False
     total = time.monotonic()
     for stage, name, cmd in steps(only, args.scenario):
-        if failed_once and not args.keep_going:
+        # after a failure, still clean up sandbox hosts (destroy) but run nothing else
+        cleanup = cmd[:2] == ["molecule", "destroy"]
+        if failed_once and not args.keep_going and not cleanup:
             results.append((stage, name, 0.0, None))
             continue
         print(f"\n===== [{stage}] {name}: {' '.join(cmd)}", flush=True)

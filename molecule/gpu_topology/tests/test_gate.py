@@ -61,7 +61,7 @@ def test_broken_rig_reports_each_planted_problem_with_its_fix(fleet_report, kind
 
 def test_8_gpu_group_across_numa_with_p2p_required_fails(host):
     instances = [{"name": "big", "gpus": list(range(8)), "engine": {"tensor_parallel_size": 8}}]
-    rc, out = validate("-l", "topo-5090:localhost", "-e", json.dumps({"vllm_instances": instances}))
+    rc, out = validate("-l", "topo-5090", "-e", json.dumps({"vllm_instances": instances}))
     assert rc != 0
     line = report_line(out, "topo-5090")
     assert "FAIL" in line
@@ -72,6 +72,6 @@ def test_8_gpu_group_across_numa_with_p2p_required_fails(host):
 
 def test_tensor_parallel_larger_than_group_is_refused(host):
     instances = [{"name": "x", "gpus": [0, 1], "engine": {"tensor_parallel_size": 4}}]
-    rc, out = validate("-l", "topo-5090:localhost", "-e", json.dumps({"vllm_instances": instances}))
+    rc, out = validate("-l", "topo-5090", "-e", json.dumps({"vllm_instances": instances}))
     assert rc != 0
     assert "tensor_parallel_size" in out

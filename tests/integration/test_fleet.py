@@ -1,0 +1,88 @@
+"""The sandbox fleet machinery: idempotent up, list, down (real podman containers)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+HOST = "it-fleet"
+pytestmark = pytest.mark.integration
+
+
+def fleet(*args):
+    env = dict(os.environ, CONTAINERS_CONF=str(ROOT / "sandbox" / "podman" / "containers.conf"))
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "sandbox" / "fleet.py"), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+@pytest.fixture(scope="module")
+def clean():
+    fleet("down", "--host", HOST)
+    yield
+    fleet("down", "--host", HOST)
+
+
+def test_up_twice_then_down(clean):
+    rc, out, err = fleet("up", "--host", f"{HOST}:nogpu:2398", "--json")
+    assert rc == 0, err
+    assert "1 created" in err
+    rc, out, err = fleet("up", "--host", f"{HOST}:nogpu:2398", "--json")
+    assert rc == 0, err
+    assert "0 created" in err and f"host {HOST}: ok" in err
+    assert "[127.0.0.1]:2398 ssh-ed25519 " in (ROOT / "sandbox" / ".state" / "known_hosts").read_text()
+    rc, out, _ = fleet("list")
+    line = next(ln for ln in out.splitlines() if ln.startswith(f"rigops-{HOST}\t"))
+    assert "\tUp " in line and "nogpu" in line and "127.0.0.1:2398->22/tcp" in line
+    rc, _, err = fleet("down", "--host", HOST)
+    assert rc == 0 and "removed" in err
+    rc, _, err = fleet("down", "--host", HOST)
+    assert rc == 0 and "absent" in err
+
+
+def test_ssh_reaches_the_host_with_recorded_host_keys(clean):
+    rc, _, err = fleet("up", "--host", f"{HOST}:nogpu:2398")
+    assert rc == 0, err
+    state = ROOT / "sandbox" / ".state"
+    ssh = subprocess.run(
+        [
+            "ssh",
+            "-i",
+            str(state / "id_ed25519"),
+            "-o",
+            f"UserKnownHostsFile={state / 'known_hosts'}",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-o",
+            "BatchMode=yes",
+            "-p",
+            "2398",
+            "rigops@127.0.0.1",
+            "sudo -n true && hostname",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert ssh.returncode == 0, ssh.stderr
+    assert ssh.stdout.strip() == HOST
+
+
+def test_unknown_profile_is_refused_with_the_known_ones(clean):
+    rc, _, err = fleet("up", "--host", f"{HOST}2:no-such-profile:2397")
+    assert rc == 1
+    assert "no hardware profile 'no-such-profile'" in err and "rtx5090x8" in err
+    fleet("down", "--host", f"{HOST}2")
+
+
+def test_port_clash_is_refused(clean):
+    rc, _, err = fleet("up", "--host", "a1:nogpu:2396", "--host", "a2:nogpu:2396")
+    assert rc == 1 and "both use port 2396" in err
