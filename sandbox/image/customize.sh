@@ -44,7 +44,13 @@ install -d -m 0700 -o rigops -g rigops /home/rigops/.ssh
 echo 'rigops ALL=(ALL) NOPASSWD:ALL' > /etc/sudoers.d/rigops
 chmod 0440 /etc/sudoers.d/rigops
 
-# Keep the image small; hosts run `apt-get update` like any fresh machine.
+# What kmod creates on a real server (the sandbox's module tools are stand-ins laid down
+# per host by its hardware profile, so kmod itself is not installed).
+mkdir -p /etc/modprobe.d /etc/modules-load.d
+
+# Keep the image small; hosts run `apt-get update` like any fresh machine. The lists
+# folder is dated far in the past so that "update if older than N" treats it as stale.
 apt-get clean
 rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin
+touch -d @0 /var/lib/apt/lists
 : > /etc/machine-id

@@ -21,9 +21,17 @@ def fleet_report():
 
 
 def report_line(output, host):
-    lines = [ln for ln in output.splitlines() if f"{host}: PASS" in ln or f"{host}: FAIL" in ln]
-    assert lines, output[-3000:]
-    return lines[0]
+    """The report message of one host, joined back from the callback's wrapped lines."""
+    lines = output.splitlines()
+    for i, line in enumerate(lines):
+        if f"{host}: PASS" in line or f"{host}: FAIL" in line:
+            msg = [line.strip()]
+            for cont in lines[i + 1 :]:
+                if not cont.startswith("        "):
+                    break
+                msg.append(cont.strip())
+            return " ".join(msg)
+    raise AssertionError(output[-3000:])
 
 
 def test_fleet_report_has_one_line_per_rig(fleet_report):
@@ -48,7 +56,7 @@ def test_5090_groups_within_a_numa_node_pass(fleet_report):
 @pytest.mark.parametrize(
     ("kind", "fix_words"),
     [
-        ("gpu_missing", "reseat"),
+        ("gpu_missing", "seated and powered"),
         ("acs_redirect", "ACS"),
         ("nccl_p2p_disabled", "NCCL_P2P_DISABLE"),
     ],
