@@ -141,10 +141,11 @@ def build_image() -> str:
 class Service:
     """A service container on the sandbox network, serving what a builder made in the cache.
 
-    The whole cache folder is mounted read-only at /cache (builders replace their output
-    folders atomically, which a bind mount of the folder itself would not see) and the
-    sandbox sources at /sandbox. ``build`` prints its output folder as its last stdout
-    line; ``command`` turns that folder (as seen inside the container) into the argv.
+    Only the cache folder is mounted, read-only at /cache (builders replace their output
+    folders atomically, which a bind mount of the folder itself would not see; sources a
+    service runs are staged there by content hash). ``build`` prints its output folder as
+    its last stdout line; ``command`` turns that folder (as seen inside the container)
+    into the argv.
     """
 
     name: str
@@ -160,6 +161,25 @@ class Service:
 
 def _in_container(path: str) -> str:
     return "/cache/" + str(Path(path).resolve().relative_to(CACHE.resolve()))
+
+
+def _staged(folder: Path) -> str:
+    """Copy a source folder into the cache under its content hash; its in-container path.
+
+    Services mount only the cache, so a service container does not depend on the
+    checkout that created it (CI clones come and go).
+    """
+    h = hashlib.sha256()
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    for path in files:
+        h.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes())
+    dest = CACHE / "src" / f"{folder.name}-{h.hexdigest()[:12]}"
+    if not dest.exists():
+        tmp = dest.with_name(dest.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(folder, tmp, ignore=shutil.ignore_patterns("__pycache__"))
+        tmp.rename(dest)
+    return _in_container(str(dest))
 
 
 def services() -> list[Service]:
@@ -183,7 +203,7 @@ def services() -> list[Service]:
             build=[py, str(SANDBOX / "model" / "make_tiny_model.py")],
             command=lambda models: [
                 "python3",
-                "/sandbox/hub/hub.py",
+                _staged(SANDBOX / "hub") + "/hub.py",
                 "--root",
                 _in_container(models),
                 "--host",
@@ -212,7 +232,8 @@ def ensure_service(svc: Service, image: str) -> None:
     built = subprocess.run(svc.build, check=True, stdout=subprocess.PIPE, text=True).stdout
     folder = built.strip().splitlines()[-1].split()[-1]  # builders print their output folder last
     command = svc.command(folder)
-    spec = hashlib.sha256(json.dumps([image, svc.port, svc.host_port, command]).encode()).hexdigest()[:12]
+    spec_data = [image, svc.port, svc.host_port, command, str(CACHE)]
+    spec = hashlib.sha256(json.dumps(spec_data).encode()).hexdigest()[:12]
     name = svc.container
     state = container_state(name)
     if state and container_label(name, f"{LABEL}.spec") != spec:
@@ -235,8 +256,6 @@ def ensure_service(svc: Service, image: str) -> None:
             f"127.0.0.1:{svc.host_port}:{svc.port}",
             "-v",
             f"{CACHE}:/cache:ro",
-            "-v",
-            f"{SANDBOX}:/sandbox:ro",
             "--label",
             f"{LABEL}=service",
             "--label",
@@ -324,6 +343,25 @@ def exec_in(host: Host, *cmd: str, check: bool = True, stdin: str | None = None)
     return podman("exec", "-i", host.container, *cmd, check=check, input=stdin)
 
 
+# How every sandbox host container runs (besides its name, port and labels). Part of the
+# label `rigops.sandbox.spec`, so a change here recreates the hosts on the next `up`.
+HOST_RUN_OPTIONS = [
+    # A reboot (systemctl reboot inside) ends the container; podman starts it again.
+    "--restart=always",
+    # systemd needs it to set up the namespaces of hardened units (PrivateTmp,
+    # ProtectSystem, ...) as it does on a real host; without it they fail with
+    # 226/NAMESPACE. No devices, no --privileged.
+    "--cap-add=SYS_ADMIN",
+    # A server's /dev/shm is half its memory; podman's default 64 MiB is too small for
+    # vLLM's shared-memory broadcast.
+    "--shm-size=2g",
+]
+
+
+def host_spec(host: Host, image: str) -> str:
+    return hashlib.sha256(json.dumps([host.profile, image, HOST_RUN_OPTIONS]).encode()).hexdigest()[:12]
+
+
 def create_host(host: Host, image: str) -> None:
     profile = SANDBOX / "profiles" / f"{host.profile}.yaml"
     if not profile.exists():
@@ -347,15 +385,8 @@ def create_host(host: Host, image: str) -> None:
         "--label",
         f"{LABEL}.profile={host.profile}",
         "--label",
-        f"{LABEL}.image={image}",
-        # A reboot (systemctl reboot inside) ends the container; podman starts it again.
-        "--restart",
-        "always",
-        # systemd needs it to set up the namespaces of hardened units (PrivateTmp,
-        # ProtectSystem, ...) as it does on a real host; without it they fail with
-        # 226/NAMESPACE. No devices, no --privileged.
-        "--cap-add",
-        "SYS_ADMIN",
+        f"{LABEL}.spec={host_spec(host, image)}",
+        *HOST_RUN_OPTIONS,
         image,
     )
 
@@ -467,11 +498,8 @@ def up(hosts: list[Host], as_json: bool) -> None:
     created = []
     for host in hosts:
         state = container_state(host.container)
-        if state is not None and (
-            container_label(host.container, f"{LABEL}.profile") != host.profile
-            or container_label(host.container, f"{LABEL}.image") != image
-        ):
-            log(f"host {host.name}: profile or image changed, recreating")
+        if state is not None and container_label(host.container, f"{LABEL}.spec") != host_spec(host, image):
+            log(f"host {host.name}: profile, image or run options changed, recreating")
             podman("rm", "-f", host.container)
             state = None
         if state is None:

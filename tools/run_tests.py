@@ -23,7 +23,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 STAGES = ["lint", "unit", "image", "molecule", "integration"]
-MOLECULE_PHASES = ["destroy", "syntax", "create", "prepare", "converge", "idempotence", "verify", "destroy"]
+# `molecule create` runs the scenario's prepare playbook too
+MOLECULE_PHASES = ["destroy", "syntax", "create", "converge", "idempotence", "verify", "destroy"]
 
 
 def scenarios() -> list[str]:
