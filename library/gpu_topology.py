@@ -281,16 +281,9 @@ from ansible.module_utils.nvidia_smi import (  # noqa: E402
     NvidiaSmiError,
     find_nvidia_smi,
     parse_query_gpu_csv,
+    read_captured,
     run_nvidia_smi,
 )
-
-
-def _read(module, path):
-    try:
-        with open(path) as handle:
-            return handle.read()
-    except OSError as exc:
-        module.fail_json(msg=f"cannot read {path}: {exc}")
 
 
 def main():
@@ -328,13 +321,13 @@ def main():
     bus_ids = p["gpu_bus_ids"]
     try:
         if p["topo_file"]:
-            topo_text = _read(module, p["topo_file"])
+            topo_text = read_captured(module, p["topo_file"])
         else:
             binary = find_nvidia_smi(p["nvidia_smi_path"])
             topo_text = run_nvidia_smi(run, binary, ["topo", "-m"])
         p2p_by_mode = {}
         if p["p2p_file"]:
-            p2p_by_mode[p["p2p_modes"][0]] = parse_p2p_matrix(_read(module, p["p2p_file"]))
+            p2p_by_mode[p["p2p_modes"][0]] = parse_p2p_matrix(read_captured(module, p["p2p_file"]))
         elif binary:
             for mode in p["p2p_modes"]:
                 p2p_by_mode[mode] = parse_p2p_matrix(run_nvidia_smi(run, binary, ["topo", "-p2p", mode]))
@@ -356,7 +349,7 @@ def main():
 
     lspci = None
     if p["lspci_file"]:
-        lspci = parse_lspci_vvv(_read(module, p["lspci_file"]))
+        lspci = parse_lspci_vvv(read_captured(module, p["lspci_file"]))
     else:
         lspci_bin = module.get_bin_path("lspci")
         if lspci_bin:
@@ -365,7 +358,7 @@ def main():
                 lspci = parse_lspci_vvv(out)
             else:
                 warnings.append(f"lspci -vvv failed (rc={rc}): {err.strip()[:200]}")
-    tree = parse_lspci_tree(_read(module, p["lspci_tree_file"])) if p["lspci_tree_file"] else None
+    tree = parse_lspci_tree(read_captured(module, p["lspci_tree_file"])) if p["lspci_tree_file"] else None
     if lspci is not None and lspci["acs_lines"] == 0 and lspci["access_denied"]:
         warnings.append("lspci could not read PCIe capabilities (not root): ACS state unknown")
 
@@ -374,7 +367,7 @@ def main():
     env_by_file = {}
     for path in p["env_files"]:
         if os.path.isfile(path):
-            env_by_file[path] = parse_env_file(_read(module, path))
+            env_by_file[path] = parse_env_file(read_captured(module, path))
 
     gate = evaluate_gate(
         topo,

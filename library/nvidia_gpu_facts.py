@@ -126,16 +126,9 @@ from ansible.module_utils.nvidia_smi import (  # noqa: E402
     find_nvidia_smi,
     parse_query_gpu_csv,
     parse_smi_xml,
+    read_captured,
     run_nvidia_smi,
 )
-
-
-def _read(module, path):
-    try:
-        with open(path) as handle:
-            return handle.read()
-    except OSError as exc:
-        module.fail_json(msg=f"cannot read {path}: {exc}")
 
 
 def main():
@@ -154,10 +147,10 @@ def main():
     try:
         if params["xml_file"] or params["query_file"]:
             if params["xml_file"]:
-                xml_text = _read(module, params["xml_file"])
+                xml_text = read_captured(module, params["xml_file"])
                 sources["xml"] = params["xml_file"]
             if params["query_file"]:
-                query_text = _read(module, params["query_file"])
+                query_text = read_captured(module, params["query_file"])
                 sources["query"] = params["query_file"]
         else:
             binary = find_nvidia_smi(params["nvidia_smi_path"])

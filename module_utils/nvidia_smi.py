@@ -53,6 +53,15 @@ _NOT_LOADED_PATTERNS = (
 )
 
 
+def read_captured(module, path):
+    """Text of a captured output file (a support bundle); fails the module if unreadable."""
+    try:
+        with open(path) as handle:
+            return handle.read()
+    except OSError as exc:
+        module.fail_json(msg=f"cannot read {path}: {exc}")
+
+
 class NvidiaSmiError(Exception):
     """Raised with ``kind`` in {'missing', 'driver_not_loaded', 'failed', 'parse'}."""
 

