@@ -576,3 +576,50 @@ def test_jetson_with_l4t_nvidia_smi(host):
     assert r.returncode == 0, r.stdout
     assert r.stdout == "NVIDIA Thor, 11.0, 580.00, [N/A]\n"
     assert h.run(smi, "-pm", "1").returncode == 3
+
+
+# --------------------------------------------------------------------------- against real captures
+
+REAL = ROOT / "tests" / "fixtures" / "nvidia-smi" / "real"
+# 2x RTX 5090 on driver 5xx: topo -m and topo -p2p rw pasted from a real rig
+REAL_CAPTURE = (REAL / "t02_club3090_1229_2x5090_phb_with_p2p_rw.txt").read_text()
+
+
+def _legend(text: str, after: str) -> list[str]:
+    """Whitespace-normalised lines of the first `Legend:` block after the line `after`."""
+    lines = text.splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.strip().startswith(after))
+    at = next(i for i in range(start, len(lines)) if lines[i].strip() == "Legend:")
+    out = []
+    for ln in lines[at + 1 :]:
+        if ln.strip().startswith("```") or ln.strip().endswith("Legend:"):
+            break
+        if ln.strip():
+            out.append(" ".join(ln.split()))
+    return out
+
+
+def test_topo_legend_matches_a_real_capture(host):
+    out = host("rtx5090x2", ready=True).smi("topo", "-m").stdout
+    assert _legend(out, "GPU0") == _legend(REAL_CAPTURE, "GPU0")
+
+
+def test_p2p_legend_matches_a_real_capture(host):
+    out = host("rtx5090x2", ready=True).smi("topo", "-p2p", "r").stdout
+    real_p2p = REAL_CAPTURE[REAL_CAPTURE.index("topo -p2p rw") :]
+    assert _legend(out, "GPU0") == _legend(real_p2p, "GPU0")
+
+
+@pytest.mark.parametrize("profile", sorted(EXPECTED))
+def test_emulated_topology_reads_like_a_real_capture(host, profile):
+    """The parser that reads the real captures reads the emulator's output cleanly."""
+    import ansible.module_utils  # noqa: F401  (tests/conftest.py adds module_utils/)
+    from ansible.module_utils.gpu_topology import parse_p2p_matrix, parse_topo_matrix
+
+    h = host(profile, ready=True)
+    topo = parse_topo_matrix(h.smi("topo", "-m").stdout)
+    assert topo["found"] and topo["warnings"] == []
+    assert topo["gpu_count"] == EXPECTED[profile][0]
+    assert topo["columns"] == parse_topo_matrix(REAL_CAPTURE)["columns"]
+    p2p = parse_p2p_matrix(h.smi("topo", "-p2p", "r").stdout)
+    assert p2p["found"] and p2p["warnings"] == []
