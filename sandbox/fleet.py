@@ -236,6 +236,9 @@ def ensure_service(svc: Service, image: str) -> None:
     spec = hashlib.sha256(json.dumps(spec_data).encode()).hexdigest()[:12]
     name = svc.container
     state = container_state(name)
+    if state == "stale":
+        remove_stale(name, f"service {svc.name}")
+        state = None
     if state and container_label(name, f"{LABEL}.spec") != spec:
         log(f"service {svc.name}: definition changed, recreating")
         podman("rm", "-f", "-t", "1", name)
@@ -271,6 +274,24 @@ def ensure_service(svc: Service, image: str) -> None:
         log(f"service {svc.name}: started")
     else:
         log(f"service {svc.name}: ok")
+    wait_listening(svc)
+
+
+def wait_listening(svc: Service, timeout: float = 30) -> None:
+    """Fail here, naming the service, rather than later in a host's task."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", svc.host_port), timeout=2):
+                return
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                logs = podman("logs", "--tail", "20", svc.container, check=False)
+                raise FleetError(
+                    f"service {svc.name} does not answer on 127.0.0.1:{svc.host_port} ({exc}); its last log lines:\n"
+                    f"{logs.stdout}{logs.stderr}\nRemove it with `podman rm -f {svc.container}` and run `up` again."
+                ) from exc
+            time.sleep(0.5)
 
 
 # --------------------------------------------------------------------------- hosts
@@ -288,8 +309,38 @@ class Host:
 
 
 def container_state(name: str) -> str | None:
-    proc = podman("container", "inspect", "--format", "{{.State.Status}}", name, check=False)
-    return proc.stdout.strip() if proc.returncode == 0 else None
+    """Podman's status of the container, "stale" when podman's record outlived it, None if absent.
+
+    When the processes of a session are killed wholesale (conmon and the container with
+    them), podman still records "running" and refuses to start or stop the container:
+    only its removal works. The container's monitor (conmon) being gone tells it apart.
+    """
+    proc = podman("container", "inspect", "--format", "{{.State.Status}} {{.State.ConmonPid}}", name, check=False)
+    if proc.returncode != 0:
+        return None
+    status, _, conmon = proc.stdout.strip().partition(" ")
+    if status in ("running", "paused", "stopping") and not _is_conmon(conmon):
+        return "stale"
+    return status
+
+
+def _is_conmon(pid: str) -> bool:
+    """A live (not zombie) process named conmon."""
+    try:
+        stat = Path(f"/proc/{int(pid)}/stat").read_text()
+    except (ValueError, OSError):
+        return False
+    name, state = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()[0]
+    return name == "conmon" and state not in ("Z", "X")
+
+
+def remove_stale(name: str, what: str) -> None:
+    log(f"{what}: its processes are gone but podman still lists it (killed session?); recreating")
+    for attempt in range(3):
+        # The first removal can race podman's own late clean-up ("container state improper").
+        if podman("rm", "-f", "-t", "0", name, check=attempt == 2).returncode == 0:
+            return
+        time.sleep(1)
 
 
 def container_label(name: str, label: str) -> str:
@@ -498,6 +549,9 @@ def up(hosts: list[Host], as_json: bool) -> None:
     created = []
     for host in hosts:
         state = container_state(host.container)
+        if state == "stale":
+            remove_stale(host.container, f"host {host.name}")
+            state = None
         if state is not None and container_label(host.container, f"{LABEL}.spec") != host_spec(host, image):
             log(f"host {host.name}: profile, image or run options changed, recreating")
             podman("rm", "-f", host.container)

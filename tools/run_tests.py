@@ -15,7 +15,9 @@ the sandbox services). The last line is the count of passed and failed steps.
 from __future__ import annotations
 
 import argparse
+import collections
 import os
+import re
 import subprocess
 import sys
 import time
@@ -25,6 +27,25 @@ ROOT = Path(__file__).resolve().parent.parent
 STAGES = ["lint", "unit", "image", "molecule", "integration"]
 # `molecule create` runs the scenario's prepare playbook too
 MOLECULE_PHASES = ["destroy", "syntax", "create", "converge", "idempotence", "verify", "destroy"]
+# lines worth repeating at the end when a step fails: CI shows only the tail of the output
+WHY = re.compile(r"fatal:|failed:|\[ERROR\]|ERROR|CRITICAL|Traceback|^E |FAILED|msg:|AssertionError|Error:")
+
+
+def run_step(cmd: list[str], env: dict[str, str]) -> tuple[bool, list[str]]:
+    """Run one step, streaming its output; return success and the lines that say why it failed."""
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
+    )
+    why: collections.deque[str] = collections.deque(maxlen=40)
+    last: collections.deque[str] = collections.deque(maxlen=15)
+    for line in proc.stdout:
+        sys.stdout.write(line)
+        line = line.rstrip()
+        last.append(line)
+        if WHY.search(line) and "glob failed" not in line:
+            why.append(line[:400])
+    ok = proc.wait() == 0
+    return ok, [*why, "  ...", *last]
 
 
 def scenarios() -> list[str]:
@@ -68,6 +89,7 @@ def main() -> int:
         parser.error(f"unknown stage(s) {', '.join(unknown)}; choose from {', '.join(STAGES)}")
     env = dict(os.environ, RIGOPS_INTEGRATION="1", PY_COLORS="0", ANSIBLE_FORCE_COLOR="0")
     results: list[tuple[str, str, float, bool]] = []
+    reasons: list[tuple[str, list[str]]] = []
     failed_once = False
     total = time.monotonic()
     for stage, name, cmd in steps(only, args.scenario):
@@ -78,9 +100,14 @@ def main() -> int:
             continue
         print(f"\n===== [{stage}] {name}: {' '.join(cmd)}", flush=True)
         start = time.monotonic()
-        ok = subprocess.run(cmd, check=False, cwd=ROOT, env=env).returncode == 0
+        ok, why = run_step(cmd, env)
         results.append((stage, name, time.monotonic() - start, ok))
+        if not ok:
+            reasons.append((name, why))
         failed_once |= not ok
+    for name, why in reasons:
+        print(f"\n===== why '{name}' failed (lines picked from its output above)")
+        print("\n".join(why))
     print("\n===== timings")
     for stage, name, secs, ok in results:
         status = "skipped" if ok is None else ("ok" if ok else "FAILED")

@@ -86,3 +86,30 @@ def test_unknown_profile_is_refused_with_the_known_ones(clean):
 def test_port_clash_is_refused(clean):
     rc, _, err = fleet("up", "--host", "a1:nogpu:2396", "--host", "a2:nogpu:2396")
     assert rc == 1 and "both use port 2396" in err
+
+
+def test_host_whose_processes_were_killed_is_recreated(clean):
+    """A killed session takes conmon and the container with it; podman still says running."""
+    rc, _, err = fleet("up", "--host", f"{HOST}:nogpu:2398")
+    assert rc == 0, err
+    env = dict(os.environ, CONTAINERS_CONF=str(ROOT / "sandbox" / "podman" / "containers.conf"))
+    pids = subprocess.run(
+        ["podman", "inspect", "--format", "{{.State.ConmonPid}} {{.State.Pid}}", f"rigops-{HOST}"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    ).stdout.split()
+    for pid in pids:  # conmon first, so that podman records no exit
+        os.kill(int(pid), 9)
+    status = subprocess.run(
+        ["podman", "inspect", "--format", "{{.State.Status}}", f"rigops-{HOST}"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    ).stdout.strip()
+    assert status == "running"  # the stale record this test is about
+    rc, _, err = fleet("up", "--host", f"{HOST}:nogpu:2398")
+    assert rc == 0, err
+    assert "its processes are gone" in err and "1 created" in err
