@@ -1,0 +1,318 @@
+"""module_utils/model_weights.py on listings captured from the sandbox hub stand-in.
+
+Fixtures (tests/unit/fixtures/model_weights/): the API replies the hub clients read
+(ModelScope revisions and repo/files, Hugging Face revision info and tree, 404 bodies),
+config.json and model.safetensors.index.json of the sharded tiny model, and the real
+header of its second shard.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+
+import pytest
+from ansible.module_utils import model_weights as mw
+
+FIX = Path(__file__).parent / "fixtures" / "model_weights"
+COMMIT = "046faecc3573390176703f4b4dece37da6d49a82"
+
+
+def load(name):
+    return json.loads((FIX / name).read_text())
+
+
+def inst(name, **model):
+    return {"name": name, "port": 8000, "model": model}
+
+
+# --- plan -------------------------------------------------------------------------------
+
+
+def test_plan_dedups_models_and_keeps_instances():
+    fleet = {
+        "rig1": [
+            inst("a", source="modelscope", id="Qwen/Qwen3.5-9B"),
+            inst("b", source="modelscope", id="Qwen/Qwen3.5-9B", revision="master"),
+            inst("c", source="huggingface", id="Qwen/Qwen3.5-9B-Instruct", revision="v0.9.0"),
+        ]
+    }
+    models = mw.plan("rig1", fleet)["models"]
+    assert [m["key"] for m in models] == [
+        "huggingface:Qwen/Qwen3.5-9B-Instruct@v0.9.0",
+        "modelscope:Qwen/Qwen3.5-9B@master",
+    ]
+    assert models[1]["instances"] == ["a", "b"]
+    assert {m["role"] for m in models} == {"download"}
+
+
+def test_plan_controller_first_host_needing_it_downloads():
+    fleet_model = {"source": "controller", "hub": "huggingface", "id": "Org/M", "revision": "v1"}
+    fleet = {
+        "rig0": [inst("x", source="local", path="/m")],
+        "rig1": [inst("f", **fleet_model)],
+        "rig2": [inst("f", **fleet_model), inst("g", **fleet_model)],
+    }
+    one = mw.plan("rig1", fleet)["models"]
+    two = mw.plan("rig2", fleet)["models"]
+    assert one[0]["role"] == "download" and one[0]["cache_host"] == "rig1"
+    assert two[0]["role"] == "copy" and two[0]["cache_host"] == "rig1" and two[0]["instances"] == ["f", "g"]
+    assert mw.plan("rig0", fleet)["models"][0]["role"] == "local"
+
+
+def test_plan_explicit_cache_host_stages_models_it_does_not_serve():
+    fleet_model = {"source": "controller", "hub": "modelscope", "id": "Org/M"}
+    fleet = {"cache": [], "rig1": [inst("f", **fleet_model)]}
+    cache = mw.plan("cache", fleet, "cache")["models"]
+    assert cache == [dict(cache[0], role="download", instances=[], cache_host="cache")]
+    assert mw.plan("rig1", fleet, "cache")["models"][0]["role"] == "copy"
+    with pytest.raises(ValueError, match="not a host of this play"):
+        mw.plan("rig1", fleet, "elsewhere")
+
+
+@pytest.mark.parametrize(
+    ("instance", "message"),
+    [
+        (inst("a", source="gitlab", id="a/b"), "model.source must be one of"),
+        (inst("a", source="controller", id="a/b"), "needs model.hub"),
+        (inst("a", source="modelscope", id="no-slash"), "Org/Name"),
+        (inst("a", source="local", path="relative"), "absolute directory"),
+        ({"name": "Bad_Name", "model": {}}, "must match"),
+        ({"name": "a"}, "model must be a mapping"),
+    ],
+)
+def test_plan_refuses_bad_instances(instance, message):
+    with pytest.raises(ValueError, match=message):
+        mw.plan("h", {"h": [instance]})
+
+
+def test_plan_refuses_duplicate_instance_names():
+    with pytest.raises(ValueError, match="used twice"):
+        mw.plan("h", {"h": [inst("a", source="local", path="/m"), inst("a", source="local", path="/n")]})
+
+
+def test_model_dir_layout():
+    assert (
+        mw.model_dir("/srv/m", "modelscope", "Qwen/Qwen3.5-9B", COMMIT) == f"/srv/m/modelscope/Qwen/Qwen3.5-9B/{COMMIT}"
+    )
+
+
+# --- listings -----------------------------------------------------------------------------
+
+
+def test_modelscope_revisions_resolve_branch_tag_and_commit():
+    revs = load("ms_revisions.json")
+    assert mw.ms_commit(revs, "master") == COMMIT
+    assert mw.ms_commit(revs, "v0.9.0") == "a9e01e777e010be5cfed07fed091269f1ea8833a"
+    assert mw.ms_commit(revs, "a" * 40) == "a" * 40
+    assert mw.ms_commit(revs, "nope") == ""
+
+
+def test_modelscope_listing_of_the_sharded_model():
+    listing = load("ms_files_sharded.json")
+    files = mw.ms_files(listing)
+    assert len(files) == 10
+    shard = next(f for f in files if f["path"] == "model-00002-of-00003.safetensors")
+    assert shard["size"] == 329472 and len(shard["sha256"]) == 64
+    assert mw.ms_listing_commit(listing) == COMMIT
+    assert mw.index_problems(files, lambda rel: load(rel)) == []
+
+
+def test_huggingface_listing_lfs_sha256_and_git_oids():
+    assert mw.hf_commit(load("hf_revision_main.json")) == COMMIT
+    files = mw.hf_files(load("hf_tree_sharded.json"))
+    by = {f["path"]: f for f in files}
+    ms = {f["path"]: f for f in mw.ms_files(load("ms_files_sharded.json"))}
+    assert set(by) == set(ms)
+    # LFS files carry the same sha256 as ModelScope's listing; small files only a git blob id
+    assert by["model-00001-of-00003.safetensors"]["sha256"] == ms["model-00001-of-00003.safetensors"]["sha256"]
+    assert by["config.json"]["sha256"] is None and len(by["config.json"]["git_oid"]) == 40
+    single = mw.hf_files(load("hf_tree_single.json"))
+    assert [f["path"] for f in single if f["path"].endswith(".safetensors")] == ["model.safetensors"]
+
+
+def test_real_files_match_both_listings(tmp_path):
+    (tmp_path / "config.json").write_bytes((FIX / "config.json").read_bytes())
+    ms = [f for f in mw.ms_files(load("ms_files_sharded.json")) if f["path"] == "config.json"]
+    hf = [f for f in mw.hf_files(load("hf_tree_sharded.json")) if f["path"] == "config.json"]
+    assert mw.verify_files(str(tmp_path), ms, full=True)["ok"]
+    assert mw.verify_files(str(tmp_path), hf, full=True)["ok"]  # git blob id over the real bytes
+
+
+@pytest.mark.parametrize(
+    ("hub", "fixture", "status", "headers", "needle"),
+    [
+        ("modelscope", "ms_error_unknown_id.json", 404, {}, "ids differ between ModelScope and Hugging Face"),
+        ("modelscope", "ms_error_revision.json", 404, {}, "has no revision 'nope'"),
+        ("huggingface", "hf_error_repo.json", 404, {"X-Error-Code": "RepoNotFound"}, "model id Qwen/X not found"),
+        ("huggingface", "hf_error_revision.json", 404, {"X-Error-Code": "RevisionNotFound"}, "has no revision"),
+        ("huggingface", "hf_error_repo.json", 401, {}, "model_weights_huggingface_token"),
+    ],
+)
+def test_hub_errors_name_the_hub_and_the_id(hub, fixture, status, headers, needle):
+    msg = mw.hub_error(hub, "Qwen/X", "nope", status, (FIX / fixture).read_text(), headers)
+    assert msg.startswith(f"{hub}:") and "Qwen/X" in msg
+    assert needle in msg
+
+
+def test_hub_error_modelscope_unknown_id_mentions_the_other_hub():
+    msg = mw.hub_error("modelscope", "Qwen/Nope", "master", 404, (FIX / "ms_error_unknown_id.json").read_text())
+    assert "Repository Qwen/Nope not found" in msg and "huggingface" in msg
+
+
+# --- verification -----------------------------------------------------------------------
+
+
+def shard_file(path: Path, size: int | None = None):
+    header = (FIX / "shard2_header.bin").read_bytes()
+    (n,) = struct.unpack("<Q", header[:8])
+    meta = json.loads(header[8 : 8 + n])
+    end = max(v["data_offsets"][1] for k, v in meta.items() if k != "__metadata__")
+    whole = 8 + n + end
+    path.write_bytes(header + b"\0" * ((size if size is not None else whole) - len(header)))
+    return whole
+
+
+def test_safetensors_whole_and_truncated(tmp_path):
+    whole = shard_file(tmp_path / "a.safetensors")
+    assert whole == 329472  # the real shard's size
+    assert mw.safetensors_problem(str(tmp_path / "a.safetensors")) == ""
+    shard_file(tmp_path / "b.safetensors", whole - 100)
+    assert "truncated" in mw.safetensors_problem(str(tmp_path / "b.safetensors"))
+    (tmp_path / "c.safetensors").write_bytes(b"\x01")
+    assert "shorter" in mw.safetensors_problem(str(tmp_path / "c.safetensors"))
+
+
+def test_verify_files_missing_size_and_sha(tmp_path):
+    (tmp_path / "a").write_bytes(b"hello")
+    (tmp_path / "b").write_bytes(b"hellO")
+    (tmp_path / "c").write_bytes(b"hi")
+    sha = mw.sha256_file(str(tmp_path / "a"))
+    files = [
+        {"path": "a", "size": 5, "sha256": sha},
+        {"path": "b", "size": 5, "sha256": sha},
+        {"path": "c", "size": 5, "sha256": None},
+        {"path": "d", "size": 1, "sha256": None},
+    ]
+    quick = mw.verify_files(str(tmp_path), files, full=False)
+    assert quick["missing"] == ["d"] and list(quick["bad"]) == ["c"]  # sizes only: b passes
+    full = mw.verify_files(str(tmp_path), files, full=True)
+    assert sorted(full["bad"]) == ["b", "c"] and "sha256" in full["bad"]["b"]
+    assert full["digests"]["a"] == sha
+    assert mw.problems_text(full).startswith("d: missing; ")
+
+
+def test_index_names_a_shard_the_listing_lacks():
+    files = [f for f in mw.ms_files(load("ms_files_sharded.json")) if "00002" not in f["path"]]
+    problems = mw.index_problems(files, lambda rel: load(rel))
+    assert problems == [
+        "model-00002-of-00003.safetensors: named in model.safetensors.index.json but not in the repository's file list"
+    ]
+
+
+def test_remote_code_detection():
+    files = mw.ms_files(load("ms_files_sharded.json"))
+    assert mw.remote_code(files, load("config.json"))["trust_remote_code"] is False
+    custom = mw.remote_code(files + [{"path": "modeling_x.py", "size": 1}], {"auto_map": {"AutoModel": "m.X"}})
+    assert custom == {"trust_remote_code": True, "python_files": ["modeling_x.py"], "auto_map": ["AutoModel"]}
+
+
+def test_bytes_needed_and_disk(tmp_path):
+    files = mw.ms_files(load("ms_files_sharded.json"))
+    total = sum(f["size"] for f in files)
+    assert mw.bytes_needed(str(tmp_path), files) == total
+    (tmp_path / "config.json").write_bytes((FIX / "config.json").read_bytes())
+    assert mw.bytes_needed(str(tmp_path), files) == total - 579
+    assert mw.disk_problem(0, 0, 0.1, 10, "/x") == ""
+    assert "not enough free disk under /x" in mw.disk_problem(1000, 1100, 0.1, 1, "/x")
+    assert mw.disk_problem(1000, 1101, 0.1, 1, "/x") == ""
+
+
+def test_marker_round_trip():
+    files = mw.hf_files(load("hf_tree_sharded.json"))
+    model = {"id": "Qwen/Qwen3.5-9B-Instruct", "hub": "huggingface", "source": "controller", "revision": "main"}
+    digests = {f["path"]: f["sha256"] or "0" * 64 for f in files}
+    marker = mw.make_marker(model, COMMIT, files, digests, {"trust_remote_code": False})
+    assert marker["source"] == "controller" and all(len(f["sha256"]) == 64 for f in marker["files"])
+    assert mw.marker_problem(marker, "huggingface", model["id"], COMMIT, files) == ""
+    assert mw.marker_problem(marker, "huggingface", model["id"], COMMIT, None) == ""
+    assert "marker is for" in mw.marker_problem(marker, "modelscope", model["id"], COMMIT, files)
+    assert "marker is for" in mw.marker_problem(marker, "huggingface", model["id"], "f" * 40, files)
+    assert "file list differs" in mw.marker_problem(marker, "huggingface", model["id"], COMMIT, files[1:])
+    assert mw.marker_problem(None, "huggingface", model["id"], COMMIT, files) == "no marker"
+    assert mw.marker_files(marker)[0].keys() == {"path", "size", "sha256"}
+
+
+def test_fetch_env_keeps_the_token_out_of_argv():
+    env = mw.fetch_env("huggingface", "secret", "/srv/m/.client-cache")
+    assert env["HF_TOKEN"] == "secret" and "MODELSCOPE_API_TOKEN" not in env
+    assert mw.fetch_env("modelscope", "t", "/c")["MODELSCOPE_API_TOKEN"] == "t"
+    assert "HF_TOKEN" not in mw.fetch_env("huggingface", "", "/c")
+    assert "secret" not in mw.FETCH_SCRIPT
+
+
+def test_last_error_picks_the_exception_line():
+    out = "Traceback (most recent call last):\n  File x\nrequests.exceptions.HTTPError: [E3020] [404] nope\n"
+    assert mw.last_error(out) == "requests.exceptions.HTTPError: [E3020] [404] nope"
+    assert mw.last_error("") == ""
+    assert os.path.basename(mw.MARKER) == ".rigops-model.json"
+
+
+# --- the module, on folders (no hub) ------------------------------------------------------
+
+
+def local_model(path: Path, shards=(1, 2, 3)):
+    path.mkdir(parents=True, exist_ok=True)
+    for name in ("config.json", "model.safetensors.index.json"):
+        (path / name).write_bytes((FIX / name).read_bytes())
+    for i in shards:
+        shard_file(path / f"model-0000{i}-of-00003.safetensors")
+
+
+def test_module_local_source_whole_and_missing_shard(run_module, tmp_path):
+    from library import model_weights as module
+
+    local_model(tmp_path / "ok")
+    failed, result = run_module(module.main, {"source": "local", "path": str(tmp_path / "ok")})
+    assert not failed and result["path"] == str(tmp_path / "ok") and result["trust_remote_code"] is False
+    local_model(tmp_path / "bad", shards=(1, 3))
+    failed, result = run_module(module.main, {"source": "local", "path": str(tmp_path / "bad")})
+    assert failed and "model-00002-of-00003.safetensors: named in model.safetensors.index.json" in result["msg"]
+
+
+def test_module_adopt_proves_copies_then_marker_and_rename(run_module, tmp_path):
+    from library import model_weights as module
+
+    src = tmp_path / "src"
+    local_model(src)
+    files = [
+        {"path": p.name, "size": p.stat().st_size, "sha256": mw.sha256_file(str(p))} for p in sorted(src.iterdir())
+    ]
+    expected = {"commit": COMMIT, "revision": "main", "files": files}
+    root = tmp_path / "root"
+    final = Path(mw.model_dir(str(root), "huggingface", "Org/M", COMMIT))
+    args = {"source": "adopt", "hub": "huggingface", "id": "Org/M", "root": str(root), "expected": expected}
+    # nothing copied yet: checked reports what is missing
+    failed, result = run_module(module.main, dict(args, state="checked"))
+    assert not failed and not result["staged"] and result["bytes_needed"] == sum(f["size"] for f in files)
+    # a corrupted copy is refused, no marker
+    partial = Path(str(final) + ".partial")
+    local_model(partial)
+    data = bytearray((partial / "model-00002-of-00003.safetensors").read_bytes())
+    data[-1] ^= 1
+    (partial / "model-00002-of-00003.safetensors").write_bytes(bytes(data))
+    failed, result = run_module(module.main, args)
+    assert failed and "model-00002-of-00003.safetensors: sha256" in result["msg"]
+    assert not final.exists()
+    # a good copy: marker, rename, and a rerun changes nothing
+    local_model(partial)
+    failed, result = run_module(module.main, args)
+    assert not failed and result["changed"] and result["staged"]
+    marker = json.loads((final / mw.MARKER).read_text())
+    assert marker["source"] == "controller" and marker["commit"] == COMMIT
+    assert not partial.exists() and oct(final.stat().st_mode & 0o777) == "0o750"
+    assert oct((final / "config.json").stat().st_mode & 0o777) == "0o640"
+    failed, result = run_module(module.main, args)
+    assert not failed and not result["changed"] and result["staged"]
