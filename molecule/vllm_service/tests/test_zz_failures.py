@@ -1,0 +1,147 @@
+"""Refusals and recovery, after the end-state tests: bad configurations are refused before any
+restart (the running services keep their MainPID and their config), and a killed vLLM is
+restarted by systemd and passes the gate again."""
+
+import copy
+import json
+import os
+import re
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from rigops_testinfra import ansible_playbook
+
+SCENARIO = Path(os.environ.get("MOLECULE_SCENARIO_DIRECTORY", Path(__file__).resolve().parent.parent))
+INSTANCES = yaml.safe_load((SCENARIO / "molecule.yml").read_text())["provisioner"]["inventory"]["host_vars"]["vs-rig"][
+    "vllm_instances"
+]
+LAUNCHER = "/usr/local/lib/rigops-vllm/rigops-vllm-launch"
+
+
+def has(output, text):
+    """`text` is in `output`, ignoring whitespace and colour (the callback wraps long messages)."""
+    clean = re.sub(r"\x1b\[[0-9;]*m", "", output)
+    return "".join(text.split()) in "".join(clean.split())
+
+
+def state(host):
+    return {
+        n: (
+            host.check_output(f"systemctl show -p MainPID --value vllm@{n}"),
+            host.check_output(f"sha256sum /etc/vllm/{n}/config.toml"),
+        )
+        for n in ("alpha", "beta")
+    }
+
+
+def converge_with(instances):
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
+        json.dump({"vllm_instances": instances}, fh)
+    try:
+        return ansible_playbook(SCENARIO / "converge.yml", "-e", f"@{fh.name}")
+    finally:
+        os.unlink(fh.name)
+
+
+def changed(**edits):
+    inst = copy.deepcopy(INSTANCES)
+    for path, value in edits.items():
+        name, *keys = path.split("__")
+        target = next(i for i in inst if i["name"] == name)
+        for k in keys[:-1]:
+            target = target.setdefault(k, {})
+        target[keys[-1]] = value
+    return inst
+
+
+CASES = {
+    "utilization 1.5": (
+        changed(alpha__engine__gpu_memory_utilization=1.5),
+        "[engine] gpu_memory_utilization: 1.5 is out of range",
+    ),
+    "tp larger than the GPU group": (
+        changed(alpha__engine__tensor_parallel_size=2),
+        "tensor_parallel_size: 2 is larger than the instance's GPU group",
+    ),
+    "unknown [engine] key": (changed(beta__engine__max_batch=4), "[engine] max_batch: unknown key"),
+    "port clash": (changed(beta__port=8001), "port 8001 is claimed by alpha, beta"),
+    "remote code not allowed": (changed(alpha__model__trust_remote_code=True), "not in [security] remote_code_allowed"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_config_is_refused_before_any_restart(host, case):
+    instances, message = CASES[case]
+    before = state(host)
+    rc, out = converge_with(instances)
+    assert rc != 0
+    assert has(out, message), out[-3000:]
+    assert has(out, "vllm_service preflight refused")
+    assert state(host) == before
+
+
+def test_launcher_check_refuses_a_bad_file_on_the_host(host):
+    edit = "s/^gpu_memory_utilization = .*/gpu_memory_utilization = 1.5/; s/^\\[engine\\]/[engine]\\nbogus = 1/"
+    host.check_output(f"sed '{edit}' /etc/vllm/alpha/config.toml > /tmp/bad.toml")
+    res = host.run(f"{LAUNCHER} --check /tmp/bad.toml")
+    assert res.rc == 1
+    assert "/tmp/bad.toml: [engine] bogus: unknown key" in res.stderr
+    assert "remove it or pass a vLLM flag through extra_args" in res.stderr
+    assert host.run(f"{LAUNCHER} --check /etc/vllm/alpha/config.toml").rc == 0
+
+
+def recap(output):
+    m = re.search(r"^vs-rig\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=\d+\s+failed=(\d+)", output, re.M)
+    assert m, output[-2000:]
+    return int(m.group(2)), int(m.group(3))
+
+
+def test_check_mode_changes_nothing_and_still_gates(host):
+    before = state(host)
+    rc, out = ansible_playbook(SCENARIO / "converge.yml", "--check")
+    assert rc == 0, out[-3000:]
+    assert recap(out) == (0, 0)
+    assert has(out, "Gate | vllm_endpoint on alpha")
+    assert state(host) == before
+
+
+def test_rotation_replaces_one_key_and_restarts_only_that_instance(host):
+    before = state(host)
+    old = host.check_output("cat /etc/vllm/beta/api_key")
+    host.check_output("install -m 600 /etc/vllm/beta/api_key /tmp/old_key")
+    rc, out = ansible_playbook(SCENARIO / "converge.yml", "-e", '{"vllm_service_rotate_keys": ["beta"]}')
+    assert rc == 0, out[-3000:]
+    new = host.check_output("cat /etc/vllm/beta/api_key")
+    assert new != old and re.fullmatch(r"[A-Za-z0-9_-]{43,}", new)
+    assert new not in out and old not in out
+    f = host.file("/etc/vllm/beta/api_key")
+    assert (f.user, f.group, f.mode) == ("root", "vllm", 0o640)
+    after = state(host)
+    assert after["alpha"] == before["alpha"]
+    assert after["beta"][0] != before["beta"][0]  # restarted by the handler, then gated
+    code = "curl -s -o /dev/null -w '%{{http_code}}' -H \"Authorization: Bearer $(cat {})\" http://127.0.0.1:8002/v1/models"
+    assert host.check_output(code.format("/tmp/old_key")) == "401"
+    assert host.check_output(code.format("/etc/vllm/beta/api_key")) == "200"
+    host.check_output("rm -f /tmp/old_key")
+
+
+def test_killed_vllm_is_restarted_and_passes_the_gate(host):
+    before = host.check_output("systemctl show -p MainPID --value vllm@alpha")
+    restarts = int(host.check_output("systemctl show -p NRestarts --value vllm@alpha"))
+    host.check_output(f"kill -9 {before}")
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        now = host.check_output("systemctl show -p MainPID --value vllm@alpha")
+        if (
+            now not in ("0", before)
+            and int(host.check_output("systemctl show -p NRestarts --value vllm@alpha")) > restarts
+        ):
+            break
+        time.sleep(2)
+    else:
+        pytest.fail("systemd did not restart vllm@alpha after SIGKILL")
+    rc, out = ansible_playbook(SCENARIO / "gate.yml")
+    assert rc == 0, out[-3000:]
