@@ -10,6 +10,7 @@ import http.client
 import json
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -190,8 +191,15 @@ def test_fault_drop_then_resume_is_logged(server):
     conn.close()
     status, _, body = get(server, "/Org/Model-HF/resolve/main/model.safetensors", headers={"Range": "bytes=5000-"})
     assert status == 206 and BIG[:5000] + body == BIG
-    entries = [json.loads(line) for line in server.log_path.read_text().splitlines()]
-    mine = [e for e in entries if e["file"] == "model.safetensors" and e["repo"] == "Org/Model-HF"][-2:]
+    # The server logs a request once it has sent the body: the client can have it before
+    # the log line is written, so wait for the resume's line.
+    deadline = time.monotonic() + 10
+    while True:
+        entries = [json.loads(line) for line in server.log_path.read_text().splitlines()]
+        mine = [e for e in entries if e["file"] == "model.safetensors" and e["repo"] == "Org/Model-HF"][-2:]
+        if (mine and mine[-1]["range"] == "bytes=5000-") or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert [(e["bytes"], e["range"], bool(e["fault"])) for e in mine] == [
         (5000, None, True),
         (len(BIG) - 5000, "bytes=5000-", False),
