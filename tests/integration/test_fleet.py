@@ -92,23 +92,15 @@ def test_host_whose_processes_were_killed_is_recreated(clean):
     """A killed session takes conmon and the container with it; podman still says running."""
     rc, _, err = fleet("up", "--host", f"{HOST}:nogpu:2398")
     assert rc == 0, err
-    env = dict(os.environ, CONTAINERS_CONF=str(ROOT / "sandbox" / "podman" / "containers.conf"))
-    pids = subprocess.run(
-        ["podman", "inspect", "--format", "{{.State.ConmonPid}} {{.State.Pid}}", f"rigops-{HOST}"],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=True,
-    ).stdout.split()
-    for pid in pids:  # conmon first, so that podman records no exit
+
+    def inspect(fmt):
+        env = dict(os.environ, CONTAINERS_CONF=str(ROOT / "sandbox" / "podman" / "containers.conf"))
+        cmd = ["podman", "inspect", "--format", fmt, f"rigops-{HOST}"]
+        return subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout.strip()
+
+    for pid in inspect("{{.State.ConmonPid}} {{.State.Pid}}").split():  # conmon first: podman records no exit
         os.kill(int(pid), 9)
-    status = subprocess.run(
-        ["podman", "inspect", "--format", "{{.State.Status}}", f"rigops-{HOST}"],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=True,
-    ).stdout.strip()
+    status = inspect("{{.State.Status}}")
     assert status == "running"  # the stale record this test is about
     rc, _, err = fleet("up", "--host", f"{HOST}:nogpu:2398")
     assert rc == 0, err
