@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Hub bytes and wall time of the model_weights role for 1, 2 and 4 hosts (printed, never asserted).
 
-    python3 benchmarks/model_weights.py [--hosts 1,2,4] [--down] [--json]
+    ./rigops benchmark model_weights [--hosts 1,2,4] [--down] [--json]
 
 For each fleet size, the real role stages the sharded tiny model (Hugging Face stand-in id
 ``Qwen/Qwen3.5-9B-Instruct``, revision ``main``) on every host twice:
@@ -23,15 +23,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+import _sandbox as sb
+from _sandbox import ENV, podman_exec
+
 HUB = "http://127.0.0.1:18090"
 BENCH_ROOT = "/srv/rigops-bench/models"
 VENV = "/opt/rigops-bench/hubclients"
@@ -43,19 +43,6 @@ PLAYBOOK = """---
   roles:
     - role: model_weights
 """
-ENV = dict(os.environ, CONTAINERS_CONF=str(ROOT / "sandbox" / "podman" / "containers.conf"))
-
-
-def fleet(*args: str) -> str:
-    cmd = [sys.executable, str(ROOT / "sandbox" / "fleet.py"), *args]
-    return subprocess.run(cmd, check=True, capture_output=True, text=True, env=ENV).stdout
-
-
-def podman_exec(container: str, *argv: str, check: bool = False) -> str:
-    proc = subprocess.run(["podman", "exec", container, *argv], check=False, capture_output=True, text=True, env=ENV)
-    if check and proc.returncode != 0:
-        raise RuntimeError(f"{container}: {' '.join(argv)} failed: {proc.stderr[-2000:]}")
-    return proc.stdout if proc.returncode == 0 else ""
 
 
 def hub_log() -> list[dict]:
@@ -86,19 +73,9 @@ def prepare_host(container: str, clients: Path) -> None:
 def inventory(hosts: list[dict], fanout: bool) -> str:
     model = {"id": MODEL_ID, "revision": "main"}
     model.update({"source": "controller", "hub": "huggingface"} if fanout else {"source": "huggingface"})
-    out = {}
-    for d in hosts:
-        out[d["instance"]] = {
-            "ansible_host": d["address"],
-            "ansible_port": d["port"],
-            "ansible_user": d["user"],
-            "ansible_become": True,
-            "ansible_python_interpreter": "/usr/bin/python3",
-            "ansible_ssh_private_key_file": d["identity_file"],
-            "ansible_ssh_common_args": f"-o UserKnownHostsFile={d['known_hosts']} -o StrictHostKeyChecking=yes",
-            "vllm_instances": [{"name": "bench", "port": 8000, "model": model}],
-        }
-    return json.dumps({"bench": {"hosts": out}})
+    return json.dumps(
+        sb.inventory("bench", hosts, {"vllm_instances": [{"name": "bench", "port": 8000, "model": model}]})
+    )
 
 
 def run(workdir: Path, hosts: list[dict], fanout: bool) -> dict:
@@ -107,35 +84,23 @@ def run(workdir: Path, hosts: list[dict], fanout: bool) -> dict:
     for d in hosts:
         podman_exec(d["container"], "rm", "-rf", BENCH_ROOT)
     subprocess.run(["rm", "-rf", str(cache)], check=False)
-    ansible = Path(sys.executable).parent / "ansible-playbook"
-    cmd = [
-        str(ansible if ansible.exists() else "ansible-playbook"),
-        "-i",
-        str(workdir / "inventory.json"),
-        "-i",
-        str(ROOT / "inventories" / "sandbox" / "groups.yml"),
-        str(workdir / "bench.yml"),
-        "-e",
-        json.dumps(
-            {
-                "model_weights_root": BENCH_ROOT,
-                "model_weights_python": f"{VENV}/bin/python",
-                "model_weights_controller_cache": str(cache),
-                "model_weights_manifest": f"{BENCH_ROOT}/models.json",
-            }
-        ),
-    ]
+    variables = {
+        "model_weights_root": BENCH_ROOT,
+        "model_weights_python": f"{VENV}/bin/python",
+        "model_weights_controller_cache": str(cache),
+        "model_weights_manifest": f"{BENCH_ROOT}/models.json",
+    }
     start_log = len(hub_log())
-    start = time.monotonic()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False, env=ENV)
-    seconds = time.monotonic() - start
+    proc = sb.run_playbook(
+        workdir / "bench.yml", [workdir / "inventory.json", sb.SANDBOX_GROUPS], "-e", json.dumps(variables)
+    )
     entries = hub_log()[start_log:]
     files = [e for e in entries if e["method"] == "GET" and e["repo"] == MODEL_ID and e["file"]]
-    if proc.returncode != 0:
+    if proc.rc != 0:
         print(proc.stdout[-4000:] + proc.stderr[-2000:], file=sys.stderr)
     return {
-        "seconds": round(seconds, 1),
-        "rc": proc.returncode,
+        "seconds": round(proc.seconds, 1),
+        "rc": proc.rc,
         "hub_bytes": sum(e["bytes"] or 0 for e in files),
         "hub_file_gets": len(files),
     }
@@ -150,8 +115,7 @@ def main() -> int:
     sizes = [int(n) for n in args.hosts.split(",")]
     if max(sizes) > len(PORTS):
         parser.error(f"at most {len(PORTS)} hosts")
-    specs = [f"--host=bench-mw{i + 1}:nogpu:{PORTS[i]}" for i in range(max(sizes))]
-    details = json.loads(fleet("up", "--json", *specs))
+    details = sb.fleet_up((f"bench-mw{i + 1}", "nogpu", PORTS[i]) for i in range(max(sizes)))
     results = []
     with tempfile.TemporaryDirectory(prefix="rigops-bench-mw-") as tmp:
         workdir = Path(tmp)
@@ -166,7 +130,7 @@ def main() -> int:
     for d in details:
         podman_exec(d["container"], "rm", "-rf", "/srv/rigops-bench")
     if args.down:
-        fleet("down", *[f"--host=bench-mw{i + 1}" for i in range(max(sizes))])
+        sb.fleet_down(f"bench-mw{i + 1}" for i in range(max(sizes)))
     if args.json:
         print(json.dumps(results, indent=2))
     else:

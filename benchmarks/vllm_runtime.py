@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Install time of the vllm_runtime role, cold and warm (printed, never asserted).
 
-    python3 benchmarks/vllm_runtime.py [--host NAME] [--port PORT] [--keep] [--down] [--json]
+    ./rigops benchmark vllm_runtime [--host NAME] [--port PORT] [--keep] [--down] [--json]
 
 Runs the real role with ansible-playbook against a sandbox host of its own (made with
 sandbox/fleet.py, profile ``nogpu``; the sandbox's settings: cpu flavour from the
@@ -19,15 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+import _sandbox as sb
+from _sandbox import podman_exec, recap
+
 BENCH_ROOT = "/opt/rigops-bench/vllm"
 PLAYBOOK = """---
 - name: Benchmark | vllm_runtime
@@ -37,54 +35,19 @@ PLAYBOOK = """---
 """
 
 
-ENV = dict(os.environ, CONTAINERS_CONF=str(ROOT / "sandbox" / "podman" / "containers.conf"))
-
-
-def fleet(*args: str) -> str:
-    cmd = [sys.executable, str(ROOT / "sandbox" / "fleet.py"), *args]
-    return subprocess.run(cmd, check=True, capture_output=True, text=True, env=ENV).stdout
-
-
-def podman_exec(container: str, *argv: str) -> str:
-    """Run a command in the host's container (as root); its stdout, empty on failure."""
-    proc = subprocess.run(["podman", "exec", container, *argv], check=False, capture_output=True, text=True, env=ENV)
-    return proc.stdout if proc.returncode == 0 else ""
-
-
 def inventory(details: dict) -> str:
-    host = {
-        "ansible_host": details["address"],
-        "ansible_port": details["port"],
-        "ansible_user": details["user"],
-        "ansible_become": True,
-        "ansible_python_interpreter": "/usr/bin/python3",
-        "ansible_ssh_private_key_file": details["identity_file"],
-        "ansible_ssh_common_args": f"-o UserKnownHostsFile={details['known_hosts']} -o StrictHostKeyChecking=yes",
-    }
-    return json.dumps({"bench": {"hosts": {details["instance"]: host}}})
+    return json.dumps(sb.inventory("bench", [details]))
 
 
 def playbook(workdir: Path, *extra: str) -> tuple[float, int, str]:
-    ansible = Path(sys.executable).parent / "ansible-playbook"
-    cmd = [
-        str(ansible if ansible.exists() else "ansible-playbook"),
-        "-i",
-        str(workdir / "inventory.json"),
-        "-i",
-        str(ROOT / "inventories" / "sandbox" / "groups.yml"),
-        str(workdir / "bench.yml"),
+    run = sb.run_playbook(
+        workdir / "bench.yml",
+        [workdir / "inventory.json", sb.SANDBOX_GROUPS],
         "-e",
         f"vllm_runtime_root={BENCH_ROOT}",
         *extra,
-    ]
-    start = time.monotonic()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
-    return time.monotonic() - start, proc.returncode, proc.stdout + proc.stderr
-
-
-def recap(output: str) -> str:
-    m = re.search(r"ok=\d+\s+changed=\d+\s+unreachable=\d+\s+failed=\d+", output)
-    return m.group(0) if m else "no recap"
+    )
+    return run.seconds, run.rc, run.output
 
 
 def main() -> int:
@@ -96,7 +59,7 @@ def main() -> int:
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args()
 
-    details = json.loads(fleet("up", "--json", f"--host={args.host}:nogpu:{args.port}"))[0]
+    details = sb.fleet_up([(args.host, "nogpu", args.port)])[0]
     results = {}
     with tempfile.TemporaryDirectory(prefix="rigops-bench-") as tmp:
         workdir = Path(tmp)
@@ -115,7 +78,7 @@ def main() -> int:
         if not args.keep:
             podman_exec(container, "rm", "-rf", "/opt/rigops-bench")
     if args.down:
-        fleet("down", f"--host={args.host}")
+        sb.fleet_down([args.host])
 
     if args.json:
         print(json.dumps(results, indent=2))

@@ -6,11 +6,15 @@ One mechanism for the demo and the tests: ``./rigops sandbox up`` creates the ho
 ``down --host`` for theirs.
 
     fleet.py image                     build the host image if its recipe changed
-    fleet.py up [--inventory DIR] [--host NAME:PROFILE:PORT ...] [--json]
+    fleet.py snapshot STAGE            build a converged stage's image if its recipe changed
+    fleet.py up [--inventory DIR] [--host NAME:PROFILE:PORT[:STAGE] ...] [--json]
     fleet.py list
     fleet.py down [--inventory DIR] [--host NAME ...] [--all]
 
 Every command is idempotent: ``up`` twice creates nothing the second time and says so.
+A host made ``:STAGE`` starts from a converged stage snapshot (``sandbox/stages/``): the
+host image after the stage's playbook ran on it, committed once and reused until a file
+that produced it changes, so a scenario for a later role does not reinstall the runtime.
 Hosts are reached like real rigs, over SSH on 127.0.0.1:<port>, with a sandbox key pair
 and their host keys recorded in ``sandbox/.state/known_hosts`` (read from each container,
 not trusted on first use). Podman runs with the project's ``CONTAINERS_CONF`` only.
@@ -49,6 +53,12 @@ SSH_USER = "rigops"
 
 class FleetError(Exception):
     """A failure with a message that says what to do."""
+
+
+def yaml_load(path: Path):
+    import yaml  # noqa: PLC0415 (PyYAML comes with Ansible in the project venv)
+
+    return yaml.safe_load(path.read_text())
 
 
 def log(msg: str) -> None:
@@ -131,6 +141,100 @@ def build_image() -> str:
         if line != tag:
             podman("rmi", line, check=False)
     log(f"image {tag}: built in {time.monotonic() - start:.0f}s")
+    return tag
+
+
+# --------------------------------------------------------------------------- stage snapshots
+
+STAGES_DIR = SANDBOX / "stages"
+STAGE_REPO = "localhost/rigops-stage"
+# SSH ports of the short-lived hosts that build snapshots (one per stage, never in a scenario).
+STAGE_PORT_BASE = 2331
+
+
+def stage_recipes() -> dict[str, dict]:
+    return yaml_load(STAGES_DIR / "stages.yml")
+
+
+def stage_recipe(name: str) -> dict:
+    recipes = stage_recipes()
+    if name not in recipes:
+        raise FleetError(f"no stage snapshot {name!r} in {STAGES_DIR / 'stages.yml'} (known: {', '.join(recipes)})")
+    return recipes[name]
+
+
+def _tree_files(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise FleetError(f"stage input {path} does not exist (fix sandbox/stages/stages.yml)")
+    return sorted(p for p in path.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+
+
+def stage_recipe_hash(name: str) -> str:
+    """Hash of everything that produced the stage: the image (or the stage it starts from),
+    the recipe, its playbook and every input file. A change to any of them rebuilds it."""
+    recipe = stage_recipe(name)
+    start = stage_image(recipe["after"]) if recipe.get("after") else image_tag()
+    h = hashlib.sha256(json.dumps([start, name, recipe, HOST_RUN_OPTIONS], sort_keys=True).encode())
+    for path in [STAGES_DIR / recipe["playbook"], SANDBOX / "profiles" / f"{recipe['profile']}.yaml"] + [
+        f for rel in recipe.get("inputs", []) for f in _tree_files(ROOT / rel)
+    ]:
+        h.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:12]
+
+
+def stage_image(name: str) -> str:
+    return f"{STAGE_REPO}-{name}:{stage_recipe_hash(name)}"
+
+
+def build_snapshot(name: str) -> str:
+    """The stage's image, built when its recipe changed: a host made for it, the stage's
+    playbook run on it over SSH as on any rig, the host stopped and committed."""
+    tag = stage_image(name)
+    if podman("image", "exists", tag, check=False).returncode == 0:
+        log(f"stage {name} {tag}: cached")
+        return tag
+    recipe = stage_recipe(name)
+    port = STAGE_PORT_BASE + sorted(stage_recipes()).index(name)
+    builder = Host(f"stage-{name}", recipe["profile"], port, recipe.get("after", ""))
+    start = time.monotonic()
+    log(f"stage {name} {tag}: building (host {builder.name}, playbook sandbox/stages/{recipe['playbook']})")
+    podman("rm", "-f", "-t", "0", builder.container, check=False)
+    up([builder], as_json=False)
+    inventory = STATE / f"{builder.name}.yml"
+    groups = {g: {"hosts": {builder.name: None}} for g in recipe.get("groups", [])}
+    inventory.write_text(
+        json.dumps(
+            {
+                "all": {
+                    "hosts": {builder.name: connection_vars(builder)},
+                    "children": groups,
+                }
+            }
+        )
+    )
+    playbook = [
+        str(Path(sys.executable).parent / "ansible-playbook"),
+        "-i",
+        str(inventory),
+        "-i",
+        str(DEFAULT_INVENTORY / "groups.yml"),
+        str(STAGES_DIR / recipe["playbook"]),
+    ]
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0")
+    proc = subprocess.run(playbook, cwd=ROOT, env=env, text=True, capture_output=True, check=False)
+    if proc.returncode != 0:
+        podman("rm", "-f", "-t", "0", builder.container, check=False)
+        raise FleetError(f"stage {name}: its playbook failed; last lines:\n{proc.stdout[-3000:]}{proc.stderr[-1000:]}")
+    podman("stop", "-t", "30", builder.container)
+    podman("commit", "--quiet", "--change", f"LABEL {LABEL}.stage={name}", builder.container, tag)
+    podman("rm", "-f", builder.container)
+    inventory.unlink()
+    for line in podman("images", "--format", "{{.Repository}}:{{.Tag}}", f"{STAGE_REPO}-{name}").stdout.split():
+        if line != tag:
+            podman("rmi", line, check=False)
+    log(f"stage {name} {tag}: built in {time.monotonic() - start:.0f}s")
     return tag
 
 
@@ -302,6 +406,7 @@ class Host:
     name: str
     profile: str
     port: int
+    stage: str = ""
 
     @property
     def container(self) -> str:
@@ -372,10 +477,15 @@ def inventory_hosts(inventory: Path) -> list[Host]:
 
 def parse_host_spec(spec: str) -> Host:
     try:
-        name, profile, port = spec.split(":")
-        return Host(name, profile, int(port))
+        name, profile, port, *stage = spec.split(":")
+        if len(stage) > 1:
+            raise ValueError(spec)
+        return Host(name, profile, int(port), stage[0] if stage else "")
     except ValueError as exc:
-        raise FleetError(f"--host {spec!r}: expected NAME:PROFILE:PORT, for example rig1:rtx5090x8:2301") from exc
+        raise FleetError(
+            f"--host {spec!r}: expected NAME:PROFILE:PORT[:STAGE], for example rig1:rtx5090x8:2301 "
+            "or mw-rig1:nogpu:2351:runtime"
+        ) from exc
 
 
 def ensure_keypair() -> Path:
@@ -533,12 +643,27 @@ def wait_ssh(host: Host, timeout: float = 30) -> None:
     raise FleetError(f"host {host.name}: sshd does not answer on 127.0.0.1:{host.port}")
 
 
+def connection_vars(host: Host) -> dict:
+    """How Ansible reaches a sandbox host: SSH as a real rig, host keys checked."""
+    return {
+        "ansible_host": "127.0.0.1",
+        "ansible_port": host.port,
+        "ansible_user": SSH_USER,
+        "ansible_become": True,
+        "ansible_python_interpreter": "/usr/bin/python3",
+        "ansible_ssh_private_key_file": str(STATE / "id_ed25519"),
+        "ansible_ssh_common_args": f"-o UserKnownHostsFile={STATE / 'known_hosts'} -o StrictHostKeyChecking=yes",
+    }
+
+
 def up(hosts: list[Host], as_json: bool) -> None:
     start = time.monotonic()
-    image = build_image()
+    base = build_image()
+    # stage snapshots first: building one brings up (and removes) a host of its own
+    images = {h.name: build_snapshot(h.stage) if h.stage else base for h in hosts}
     ensure_network()
     for svc in services():
-        ensure_service(svc, image)
+        ensure_service(svc, base)
     key = ensure_keypair()
     pubkey = Path(f"{key}.pub").read_text()
     ports = {}
@@ -552,6 +677,7 @@ def up(hosts: list[Host], as_json: bool) -> None:
         if state == "stale":
             remove_stale(host.container, f"host {host.name}")
             state = None
+        image = images[host.name]
         if state is not None and container_label(host.container, f"{LABEL}.spec") != host_spec(host, image):
             log(f"host {host.name}: profile, image or run options changed, recreating")
             podman("rm", "-f", host.container)
@@ -559,6 +685,8 @@ def up(hosts: list[Host], as_json: bool) -> None:
         if state is None:
             create_host(host, image)
             created.append(host.name)
+            if host.stage:
+                log(f"host {host.name}: from stage snapshot {image}")
         elif state != "running":
             podman("start", host.container)
             log(f"host {host.name}: started")
@@ -590,6 +718,7 @@ def up(hosts: list[Host], as_json: bool) -> None:
                         "known_hosts": str(STATE / "known_hosts"),
                         "container": h.container,
                         "profile": h.profile,
+                        "stage": h.stage,
                     }
                     for h in hosts
                 ]
@@ -620,6 +749,10 @@ def list_fleet() -> None:
     current = image_tag()
     built = podman("image", "exists", current, check=False).returncode == 0
     print(f"image: {current} ({'present' if built else 'not built'})")
+    for stage in stage_recipes():
+        tag = stage_image(stage)
+        cached = podman("image", "exists", tag, check=False).returncode == 0
+        print(f"stage {stage}: {tag} ({'present' if cached else 'not built'})")
     print(out.strip() or "no sandbox containers")
 
 
@@ -627,6 +760,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("image", help="build the host image if its recipe changed")
+    p_snap = sub.add_parser("snapshot", help="build a converged stage's image if its recipe changed")
+    p_snap.add_argument("stage", nargs="+")
     p_up = sub.add_parser("up", help="create or start the sandbox hosts (idempotent)")
     p_up.add_argument("--inventory", type=Path)
     p_up.add_argument("--host", action="append", default=[], metavar="NAME:PROFILE:PORT")
@@ -640,6 +775,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.cmd == "image":
             build_image()
+        elif args.cmd == "snapshot":
+            for stage in args.stage:
+                print(build_snapshot(stage))
         elif args.cmd == "up":
             hosts = [parse_host_spec(s) for s in args.host]
             if args.inventory or not hosts:

@@ -63,6 +63,11 @@ def preflight(tmp_path):
             "playbooks/report.yml",
             "-e",
             f"rigops_report_dir={tmp_path}",
+            # the report reads each rig's stage records: here from a folder on this machine
+            "-e",
+            "ansible_connection=local ansible_become=false",
+            "-e",
+            f"rigops_stage_record_dir={tmp_path}/stages",
             *extra,
         )
 
@@ -70,11 +75,34 @@ def preflight(tmp_path):
 
 
 def test_preflight_and_report_pass_on_the_example(preflight, tmp_path):
+    """No stage ran and none is recorded: the rigs are reported as not done, never as ok."""
     proc = preflight()
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads((tmp_path / "latest.json").read_text())
     assert [h["host"] for h in report["hosts"]] == ["rig-5090-01", "h100-01"]
-    assert all(h["status"] == "ok" and h["driver"] is None for h in report["hosts"])
+    for rig in report["hosts"]:
+        assert rig["status"].startswith("incomplete: driver never run; topology never run"), rig
+        assert rig["driver"] is None and rig["stages"]["services"]["status"] == "missing"
+    assert "rig-5090-01: incomplete: driver never run" in proc.stdout
+
+
+def test_report_takes_stages_from_the_records_on_the_rig(preflight, tmp_path):
+    """A run that skipped every stage (only preflight and report) reports what the rig recorded."""
+    stages = tmp_path / "stages"
+    stages.mkdir()
+    for stage in ["driver", "topology", "runtime", "weights", "services", "health"]:
+        summary = {"version": "595.45.04", "source": "ubuntu", "gpu_count": "8"} if stage == "driver" else {}
+        record = {"stage": stage, "status": "passed", "time": "2026-11-30T01:00:00+00:00", "summary": summary}
+        (stages / f"{stage}.json").write_text(json.dumps(record))
+    proc = preflight("-l", "rig-5090-01")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (rig,) = json.loads((tmp_path / "latest.json").read_text())["hosts"]
+    assert rig["status"] == "ok" and rig["driver"] == "595.45.04"
+    assert rig["stages"]["driver"]["source"] == "recorded 2026-11-30T01:00:00+00:00"
+    (stages / "runtime.json").write_text(json.dumps({"stage": "runtime", "status": "started", "time": "T"}))
+    proc = preflight("-l", "rig-5090-01")
+    (rig,) = json.loads((tmp_path / "latest.json").read_text())["hosts"]
+    assert rig["status"] == "incomplete: runtime not finished (recorded T)"
 
 
 @pytest.mark.parametrize(
@@ -91,3 +119,6 @@ def test_preflight_refuses_bad_instance_lists(preflight, tmp_path, instances, wo
     assert proc.returncode != 0
     assert words in proc.stdout, proc.stdout
     assert "docs/instances.md" in proc.stdout
+    # every rig refused: the report still runs and says so
+    report = json.loads((tmp_path / "latest.json").read_text())
+    assert [h["status"] for h in report["hosts"]] == ["failed in preflight", "failed in preflight"]

@@ -13,9 +13,9 @@ runs with ``AnsibleModule`` replaced by a stand-in that records its arguments an
 from __future__ import annotations
 
 import ast
-import re
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -166,4 +166,3 @@ def test_ansible_doc_renders_it(module_file):
     assert "ERROR" not in proc.stderr and "WARNING" not in proc.stderr, proc.stderr
     out = yaml.safe_load(proc.stdout)
     assert module_file.stem in out and out[module_file.stem]["doc"]["module"] == module_file.stem
-

@@ -23,7 +23,8 @@ def _stub_path(tmp_path: Path) -> tuple[dict[str, str], Path]:
 
 
 def run(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([str(ROOT / "rigops"), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    cmd = [str(ROOT / "rigops"), *args]
+    return subprocess.run(cmd, check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
 
 
 def test_unknown_word_is_refused_with_the_usage(tmp_path):

@@ -1,0 +1,405 @@
+"""The benchmarks' pure parts, checked without any sandbox host.
+
+The benchmark scripts import their shared helper as ``import _sandbox`` (as scripts,
+their own folder is first on sys.path). Here they are loaded by file path under names of
+their own, with the helper registered first: putting benchmarks/ on sys.path would let
+benchmarks/model_weights.py shadow library/model_weights.py for the other tests.
+"""
+
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "benchmarks"
+
+
+def _load(name: str, module: str):
+    spec = importlib.util.spec_from_file_location(module, BENCH / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[module] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+sb = _load("_sandbox", "_sandbox")
+main_job = _load("main_job", "bench_main_job")
+connection_cost = _load("connection_cost", "bench_connection_cost")
+model_weights = _load("model_weights", "bench_model_weights")
+vllm_runtime = _load("vllm_runtime", "bench_vllm_runtime")
+
+
+def details(n: int, port: int = 2381, prefix: str = "bench-cc-") -> list[dict]:
+    """What ``fleet.py up --json`` prints for n hosts."""
+    return [
+        {
+            "instance": f"{prefix}{i}",
+            "address": "127.0.0.1",
+            "port": port + i - 1,
+            "user": "rigops",
+            "identity_file": "/state/id_ed25519",
+            "known_hosts": "/state/known_hosts",
+            "container": f"rigops-{prefix}{i}",
+            "profile": "nogpu",
+        }
+        for i in range(1, n + 1)
+    ]
+
+
+SSH_VARS = {
+    "ansible_host": "127.0.0.1",
+    "ansible_port": 2381,
+    "ansible_user": "rigops",
+    "ansible_become": True,
+    "ansible_python_interpreter": "/usr/bin/python3",
+    "ansible_ssh_private_key_file": "/state/id_ed25519",
+    "ansible_ssh_common_args": "-o UserKnownHostsFile=/state/known_hosts -o StrictHostKeyChecking=yes",
+}
+
+RECAP = """
+PLAY RECAP *********************************************************************
+bench-mj-1                 : ok=120  changed=3    unreachable=0    failed=0    skipped=40   rescued=0    ignored=0
+bench-mj-2                 : ok=118  changed=0    unreachable=0    failed=0    skipped=41   rescued=0    ignored=0
+localhost                  : ok=4    changed=1    unreachable=0    failed=0    skipped=0    rescued=0    ignored=0
+"""
+
+
+# --------------------------------------------------------------------------- the shared helper
+
+
+@pytest.mark.parametrize(
+    ("text", "sizes"),
+    [("1,2,4", [1, 2, 4]), ("4,1", [1, 4]), ("2,2", [2]), (" 1, 4 ", [1, 4]), ("3,", [3])],
+)
+def test_parse_sizes(text, sizes):
+    assert sb.parse_sizes(text, 4) == sizes
+
+
+@pytest.mark.parametrize(
+    ("text", "why"), [("0,1", "between 1 and 4"), ("5", "between 1 and 4"), ("a", "numbers"), ("", "no host")]
+)
+def test_parse_sizes_refuses(text, why):
+    with pytest.raises(ValueError, match=why):
+        sb.parse_sizes(text, 4)
+
+
+def test_ssh_vars_reach_a_host_like_the_sandbox_inventory():
+    assert sb.ssh_vars(details(1)[0]) == SSH_VARS
+
+
+def test_inventory_one_group_with_extra_vars():
+    inv = sb.inventory("bench", details(2), {"x": 1})
+    assert list(inv) == ["bench"]
+    assert list(inv["bench"]["hosts"]) == ["bench-cc-1", "bench-cc-2"]
+    assert inv["bench"]["hosts"]["bench-cc-1"] == {**SSH_VARS, "x": 1}
+    assert inv["bench"]["hosts"]["bench-cc-2"]["ansible_port"] == 2382
+
+
+def test_playbook_cmd(tmp_path):
+    cmd = sb.playbook_cmd("site.yml", [tmp_path / "a.json", sb.SANDBOX_GROUPS], "-l", "r1")
+    assert cmd[0].endswith("ansible-playbook")
+    assert cmd[1:] == ["-i", str(tmp_path / "a.json"), "-i", str(sb.SANDBOX_GROUPS), "site.yml", "-l", "r1"]
+    assert sb.SANDBOX_GROUPS.exists()
+
+
+def test_changed_count_and_recap():
+    assert sb.changed_count(RECAP) == 4
+    assert sb.recap(RECAP) == "ok=120  changed=3    unreachable=0    failed=0"
+    assert sb.changed_count("no recap here") == 0
+    assert sb.recap("") == "no recap"
+
+
+def test_run_playbook_times_a_run_from_the_project_root(tmp_path):
+    playbook = tmp_path / "noop.yml"
+    playbook.write_text("---\n- name: Nothing\n  hosts: localhost\n  gather_facts: false\n  tasks: []\n")
+    run = sb.run_playbook(playbook, [tmp_path / "none.json"], "--syntax-check")
+    assert run.rc == 0, run.output
+    assert run.seconds > 0 and "playbook: " in run.stdout
+
+
+def test_fleet_helpers_call_fleet_py(monkeypatch):
+    calls = []
+    monkeypatch.setattr(sb, "fleet", lambda *args: calls.append(args) or json.dumps(details(2)))
+    assert sb.fleet_up([("a", "nogpu", 2381), ("b", "rtx5090x8", 2382)]) == details(2)
+    sb.fleet_down(["a", "b"])
+    sb.fleet_down([])
+    assert calls == [
+        ("up", "--json", "--host=a:nogpu:2381", "--host=b:rtx5090x8:2382"),
+        ("down", "--host=a", "--host=b"),
+    ]
+
+
+# --------------------------------------------------------------------------- the benchmarks keep their inventories
+
+
+def test_model_weights_inventory():
+    inv = json.loads(model_weights.inventory(details(1, 2355, "bench-mw"), fanout=True))
+    host = inv["bench"]["hosts"]["bench-mw1"]
+    assert {k: host[k] for k in SSH_VARS} == {**SSH_VARS, "ansible_port": 2355}
+    (instance,) = host["vllm_instances"]
+    assert instance["model"] == {
+        "id": model_weights.MODEL_ID,
+        "revision": "main",
+        "source": "controller",
+        "hub": "huggingface",
+    }
+    inv = json.loads(model_weights.inventory(details(1, 2355, "bench-mw"), fanout=False))
+    assert inv["bench"]["hosts"]["bench-mw1"]["vllm_instances"][0]["model"]["source"] == "huggingface"
+
+
+def test_vllm_runtime_inventory():
+    inv = json.loads(vllm_runtime.inventory(details(1, 2349, "bench-vr")[0]))
+    assert inv == {"bench": {"hosts": {"bench-vr1": {**SSH_VARS, "ansible_port": 2349}}}}
+
+
+def test_main_job_inventory_serves_what_rig_5090_serves():
+    inv = main_job.inventory(details(1, 2391, "bench-mj-"))
+    host = inv["gpu-rigs"]["hosts"]["bench-mj-1"]
+    assert host["gpu_topology_expected_gpus"] == 8
+    assert [i["name"] for i in host["vllm_instances"]] == ["chat"]
+    assert host["ansible_port"] == 2391
+
+
+@pytest.mark.parametrize("name", ["main_job", "model_weights", "vllm_runtime", "connection_cost", "sandbox_runtime"])
+def test_each_benchmark_runs_as_a_script(name):
+    """``./rigops benchmark <name>`` finds the helper (only --help: no host)."""
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / f"{name}.py"), "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1"),
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("usage:")
+
+
+# --------------------------------------------------------------------------- main_job: every row from bare rigs
+
+
+def fake_fleet(monkeypatch, site_rcs=None):
+    """Record fleet.py calls and site.yml runs; each row's runs answer rc from site_rcs."""
+    log = []
+    up = {}
+
+    def fleet_down(names):
+        names = list(names)
+        log.append(("down", names))
+        for n in names:
+            up.pop(n, None)
+
+    def fleet_up(hosts):
+        hosts = list(hosts)
+        log.append(("up", hosts))
+        created = [h for h in hosts if h[0] not in up]
+        up.update({h[0]: h for h in hosts})
+        return [
+            {**d, "instance": h[0], "port": h[2], "created": h in created}
+            for h, d in zip(hosts, details(len(hosts), 2391, "bench-mj-"), strict=True)
+        ]
+
+    rcs = iter(site_rcs or [])
+
+    def site(workdir, limit):
+        rigs = limit.split(",")
+        log.append(("site", rigs))
+        report = {"hosts": [{"host": r, "stage_seconds": {"driver": 1.0}} for r in rigs]}
+        return {"seconds": 10.0 * len(rigs), "rc": next(rcs, 0), "changed": 0, "report": report}
+
+    monkeypatch.setattr(sb, "fleet_down", fleet_down)
+    monkeypatch.setattr(sb, "fleet_up", fleet_up)
+    monkeypatch.setattr(main_job, "site", site)
+    return log
+
+
+def test_main_job_every_row_starts_from_n_fresh_bare_rigs(monkeypatch, tmp_path):
+    log = fake_fleet(monkeypatch)
+    results = main_job.measure([1, 2, 4], tmp_path)
+    rows = [log[i : i + 4] for i in range(0, len(log), 4)]
+    assert len(rows) == 3
+    for size, (down, upcall, first, rerun) in zip([1, 2, 4], rows, strict=True):
+        # all of the benchmark's rigs are removed, then exactly N created, with no converged stage
+        assert down == ("down", main_job.NAMES)
+        names = [f"bench-mj-{i}" for i in range(1, size + 1)]
+        assert upcall == ("up", [(n, "rtx5090x8", 2390 + i) for i, n in enumerate(names, 1)])
+        assert first == rerun == ("site", names)
+    assert list(results["sizes"]) == [1, 2, 4]
+    assert results["stages"] == {"bench-mj-1": {"driver": 1.0}}
+    written = json.loads((tmp_path / "inventory.json").read_text())
+    assert list(written["gpu-rigs"]["hosts"]) == ["bench-mj-1", "bench-mj-2", "bench-mj-3", "bench-mj-4"]
+
+
+def test_main_job_stops_after_a_failed_row(monkeypatch, tmp_path):
+    log = fake_fleet(monkeypatch, site_rcs=[0, 0, 2, 0])
+    results = main_job.measure([1, 2, 4], tmp_path)
+    assert list(results["sizes"]) == [1, 2]
+    assert results["sizes"][2]["first"]["rc"] == 2
+    assert "rerun_ratio" not in results  # only one row ran cleanly
+    assert [e for e in log if e[0] == "up"][-1][1][-1][0] == "bench-mj-2"
+
+
+def row(first, rerun, changed=0, rc=0):
+    return {
+        "first": {"seconds": first, "rc": rc, "changed": 9},
+        "rerun": {"seconds": rerun, "rc": rc, "changed": changed},
+    }
+
+
+def test_main_job_rerun_ratio_and_table():
+    sizes = {1: row(276.7, 77.3), 2: row(300.2, 90.0), 4: row(400.0, 100.5)}
+    results = {"sizes": sizes, "stages": {"bench-mj-1": {"driver": 38.44, "runtime": 136.7}}}
+    results["rerun_ratio"] = main_job.rerun_ratio(sizes)
+    assert results["rerun_ratio"] == {"rigs": 4, "against": 1, "value": 1.3}
+    text = main_job.format_results(results)
+    assert "  first run per stage on bench-mj-1: driver 38.4s, runtime 136.7s" in text
+    assert "  rigs   first run   no-op rerun  rerun changed" in text
+    assert "     4      400.0s        100.5s              0" in text
+    assert "  no-op rerun, 4 rigs / 1 rig: 1.30x (goal <= 1.5x: met)" in text
+    sizes[4] = row(400.0, 120.0)
+    results["rerun_ratio"] = main_job.rerun_ratio(sizes)
+    assert "4 rigs / 1 rig: 1.55x (goal <= 1.5x: missed)" in main_job.format_results(results)
+
+
+def test_main_job_ratio_of_other_sizes_has_no_goal():
+    sizes = {1: row(1.0, 10.0), 2: row(1.0, 12.0)}
+    text = main_job.format_results({"sizes": sizes, "rerun_ratio": main_job.rerun_ratio(sizes)})
+    assert text.splitlines()[-1] == "  no-op rerun, 2 rigs / 1 rig: 1.20x"
+    assert "(failed, see above)" in main_job.format_results({"sizes": {1: row(1.0, 2.0, rc=1)}})
+    assert main_job.rerun_ratio({1: row(1.0, 2.0)}) is None
+
+
+def test_main_job_arguments():
+    assert main_job.parse_args([]).sizes == [1, 2, 4]
+    assert main_job.parse_args(["--rigs", "4,1", "--down", "--json"]).sizes == [1, 4]
+    for bad in (["--rigs", "5"], ["--rigs", "x"], ["--fresh"]):
+        with pytest.raises(SystemExit):
+            main_job.parse_args(bad)
+
+
+# --------------------------------------------------------------------------- connection_cost
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 40, 41])
+def test_the_play_has_exactly_the_tasks_asked_for(count):
+    (play,) = yaml.safe_load(connection_cost.playbook(count))
+    assert play["hosts"] == "bench" and play["gather_facts"] is False and play["become"] is True
+    tasks = play["tasks"]
+    assert len(tasks) == count
+    assert len({t["name"] for t in tasks}) == count
+    modules = [next(k for k in t if k != "name") for t in tasks]
+    assert set(modules) <= {"ansible.builtin.file", "ansible.builtin.copy"}
+    assert tasks[0]["ansible.builtin.file"] == {"path": connection_cost.TARGET, "state": "directory", "mode": "0755"}
+
+
+def test_the_play_changes_nothing_once_run():
+    """Every file task names a file an earlier copy made (state=file would fail on a missing one)."""
+    tasks = connection_cost.tasks(40)
+    assert sum("ansible.builtin.copy" in t for t in tasks) == 20
+    assert sum("ansible.builtin.file" in t for t in tasks) == 20
+    copied = set()
+    for t in tasks[1:]:
+        if "ansible.builtin.copy" in t:
+            args = t["ansible.builtin.copy"]
+            assert args["dest"].startswith(connection_cost.TARGET + "/") and args["mode"] == "0644"
+            assert args["dest"] not in copied
+            copied.add(args["dest"])
+        else:
+            args = t["ansible.builtin.file"]
+            assert args["state"] == "file" and args["path"] in copied and args["mode"] == "0644"
+
+
+def test_the_play_is_valid_ansible(tmp_path):
+    (tmp_path / "bench.yml").write_text(connection_cost.playbook(40))
+    inv = sb.write_json(tmp_path / "inv.json", connection_cost.inventory("ssh", details(1)))
+    run = sb.run_playbook(tmp_path / "bench.yml", [inv], "--list-tasks")
+    assert run.rc == 0, run.output
+    assert "Task 40 | copy file-40" in run.stdout
+
+
+def test_connection_inventories():
+    podman = connection_cost.inventory("podman", details(2))
+    assert podman["bench"]["hosts"]["bench-cc-2"] == {
+        "ansible_connection": "containers.podman.podman",
+        "ansible_host": "rigops-bench-cc-2",
+        "ansible_become": True,
+        "ansible_python_interpreter": "/usr/bin/python3",
+    }
+    for connection in ("ssh", "mitogen"):
+        host = connection_cost.inventory(connection, details(1))["bench"]["hosts"]["bench-cc-1"]
+        assert host == {**SSH_VARS, "ansible_connection": "ssh"}
+
+
+def test_environment_sets_its_own_strategy():
+    caller = {
+        "PATH": "/bin",
+        "ANSIBLE_STRATEGY": "mitogen_linear",
+        "ANSIBLE_STRATEGY_PLUGINS": "/x",
+        "CONTAINERS_CONF": "c",
+    }
+    for connection in ("podman", "ssh"):
+        env = connection_cost.environment(connection, caller)
+        assert "ANSIBLE_STRATEGY" not in env and "ANSIBLE_STRATEGY_PLUGINS" not in env
+        assert env["ANSIBLE_CONFIG"] == str(ROOT / "ansible.cfg") and env["CONTAINERS_CONF"] == "c"
+    env = connection_cost.environment("mitogen", caller, strategy_dir="/m/plugins/strategy")
+    assert env["ANSIBLE_STRATEGY"] == "mitogen_linear" and env["ANSIBLE_STRATEGY_PLUGINS"] == "/m/plugins/strategy"
+    assert connection_cost.environment("ssh")["CONTAINERS_CONF"].endswith("sandbox/podman/containers.conf")
+
+
+def test_mitogen_strategy_dir_is_the_one_rigops_enables():
+    found = connection_cost.mitogen_strategy_dir()
+    if found is None:
+        pytest.skip("mitogen is not installed in this environment")
+    assert Path(found, "mitogen_linear.py").is_file()
+
+
+def test_connection_cost_arguments(tmp_path):
+    args = connection_cost.parse_args([])
+    assert (args.sizes, args.tasks, args.connection_list, args.json, args.keep) == (
+        [1, 4],
+        40,
+        ["podman", "ssh", "mitogen"],
+        None,
+        False,
+    )
+    args = connection_cost.parse_args(["--hosts", "4,1,2", "--tasks", "10", "--connections", "ssh,mitogen", "--keep"])
+    assert (args.sizes, args.tasks, args.connection_list, args.keep) == ([1, 2, 4], 10, ["ssh", "mitogen"], True)
+    assert connection_cost.parse_args(["--json", str(tmp_path / "cc.json")]).json == tmp_path / "cc.json"
+    for bad in (["--hosts", "9"], ["--tasks", "0"], ["--connections", "telnet"], ["--connections", ","]):
+        with pytest.raises(SystemExit):
+            connection_cost.parse_args(bad)
+
+
+def test_connection_cost_ports_are_its_own():
+    """2381-2388: no Molecule scenario, the sandbox inventory or another benchmark uses them."""
+    ports = set(range(connection_cost.FIRST_PORT, connection_cost.FIRST_PORT + connection_cost.MAX_HOSTS))
+    used = set()
+    for path in [*ROOT.glob("molecule/*/molecule.yml"), ROOT / "inventories" / "sandbox" / "hosts.yml"]:
+        text = path.read_text()
+        used |= {int(p) for p in re.findall(r"(?:port|ansible_port):\s*(\d+)", text)}
+    used |= set(range(main_job.FIRST_PORT, main_job.FIRST_PORT + main_job.MAX_RIGS))
+    used |= set(model_weights.PORTS) | {2349}
+    assert used and not ports & used
+
+
+def test_connection_cost_table():
+    rows = [
+        {"connection": "podman", "hosts": 1, "seconds": 49.5, "per_task_per_host": 1.238, "changed": 0, "rc": 0},
+        {"connection": "ssh", "hosts": 4, "seconds": 28.0, "per_task_per_host": 0.175, "changed": 0, "rc": 0},
+        {"connection": "ssh", "hosts": 1, "seconds": None, "per_task_per_host": None, "changed": None, "rc": 4},
+        {"connection": "mitogen", "hosts": 1, "skipped": "mitogen not installed"},
+    ]
+    lines = connection_cost.format_table(rows).splitlines()
+    assert lines[0].split() == ["connection", "hosts", "wall", "s", "s/task/host", "changed"]
+    assert lines[1].split()[-4:] == ["1", "49.50", "1.238", "0"]
+    assert lines[1].startswith("  containers.podman.podman")
+    assert lines[2].split()[-4:] == ["4", "28.00", "0.175", "0"]
+    assert lines[3].endswith("failed (rc 4), see above")
+    assert lines[4].endswith("skipped: mitogen not installed")
