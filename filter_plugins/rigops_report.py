@@ -98,7 +98,7 @@ def rig_report(host, results, records, summaries, stages, reached=True, current_
         else ("pass" if topo["summary"].get("passed") else "fail")
     )
     entry["topology_problems"] = (topo.get("summary") or {}).get("problems") or []
-    entry["gpus"] = entry["gpus"] or (topo.get("summary") or {}).get("gpus")
+    entry["gpus"] = (topo.get("summary") or {}).get("gpus") or entry["gpus"]
     service = views.get("health", {}).get("summary") or views.get("services", {}).get("summary") or {}
     entry["instances"] = [dict(figures, name=name) for name, figures in sorted(service.items())]
     entry["stages"] = {

@@ -123,6 +123,27 @@ def test_runtime_venv_imports_vllm_and_torch(runtime_python):
         assert r.returncode != 0, f"{absent} must stay out of the CPU runtime"
 
 
+LOAD_WITH_TRANSFORMERS = """
+import sys, torch, transformers
+d = sys.argv[1]
+m = transformers.AutoModelForCausalLM.from_pretrained(d)
+tok = transformers.AutoTokenizer.from_pretrained(d)
+ids = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
+ids = tok(ids, return_tensors="pt").input_ids
+out = m.generate(ids, max_new_tokens=4, do_sample=False)
+print(out.shape[1] - ids.shape[1])
+"""
+
+
+def test_transformers_loads_the_tiny_model(runtime_python, tiny_model):
+    """The generated checkpoint (sharded variant) loads and generates with the runtime's transformers."""
+    res = subprocess.run(
+        [str(runtime_python), "-c", LOAD_WITH_TRANSFORMERS, str(tiny_model / "tiny-llama-sharded")],
+        check=True, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert res.stdout.strip().splitlines()[-1] == "4"
+
+
 def test_modelscope_snapshot_download(runtime_python, no_faults, tiny_model, tmp_path):
     hub = no_faults
     mark = len(hub.log.entries)

@@ -5,6 +5,10 @@ then take ``host`` (parametrized over the scenario's hosts, or the ones named in
 module-level ``testinfra_hosts`` list of inventory names), ``profile`` (that host's
 hardware profile as a dict) and ``hostname``. Commands go through ``podman exec``
 (testinfra's ``podman://`` backend): ten times faster than the ansible backend here.
+
+Test modules that change the hosts (failure paths, reruns with other variables) say so
+with ``pytestmark = pytest.mark.changes_state``: they run after every end-state test of
+the scenario, in the order they are collected.
 """
 
 from __future__ import annotations
@@ -35,6 +39,15 @@ def _platforms() -> dict[str, dict]:
         return {}
     data = yaml.safe_load((Path(scenario) / "molecule.yml").read_text())
     return {p["name"]: p for p in data.get("platforms", [])}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "changes_state: runs after the scenario's end-state tests")
+
+
+def pytest_collection_modifyitems(config, items):
+    # a stable sort: end-state tests first, then the ones that change the hosts
+    items.sort(key=lambda item: item.get_closest_marker("changes_state") is not None)
 
 
 def pytest_generate_tests(metafunc):

@@ -14,6 +14,8 @@ import pytest
 import yaml
 from rigops_testinfra import ansible_playbook
 
+pytestmark = pytest.mark.changes_state
+
 SCENARIO = Path(os.environ.get("MOLECULE_SCENARIO_DIRECTORY", Path(__file__).resolve().parent.parent))
 INSTANCES = yaml.safe_load((SCENARIO / "molecule.yml").read_text())["provisioner"]["inventory"]["host_vars"]["vs-rig"][
     "vllm_instances"

@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from rigops_testinfra import ansible_playbook
 
+pytestmark = pytest.mark.changes_state
+
 testinfra_hosts = ["mw-rig1"]
 HUB = "http://127.0.0.1:18090"
 PLAYBOOK = Path(__file__).resolve().parents[1] / "faults.yml"

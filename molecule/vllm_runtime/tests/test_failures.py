@@ -8,7 +8,10 @@ import os
 import re
 from pathlib import Path
 
+import pytest
 from rigops_testinfra import ansible_playbook
+
+pytestmark = pytest.mark.changes_state
 
 SCENARIO = Path(os.environ.get("MOLECULE_SCENARIO_DIRECTORY", Path(__file__).resolve().parent.parent))
 BASE = "/opt/rigops/vllm"
