@@ -1,10 +1,12 @@
-"""Pure logic of the model_weights role: plan, hub listings, verification, marker.
+"""Pure logic of the model_weights role: plan, hub listings, checks of hub answers,
+verification, marker.
 
 Everything here takes plain data (or a directory) and returns plain data, so it is tested
 without a host (tests/unit/test_model_weights.py, on listings captured from the sandbox
-hub stand-in). The modules library/model_weights.py and library/model_weights_plan.py
-call it; downloads themselves go through the real hub clients (FETCH_SCRIPT, run by the
-runtime venv's python).
+hub stand-in). library/model_weights_plan.py calls it; library/model_weights.py goes
+through module_utils/model_staging.py, which does the staging I/O these functions decide.
+Downloads themselves go through the real hub clients (FETCH_SCRIPT, run by the runtime
+venv's python).
 """
 
 from __future__ import annotations
@@ -13,16 +15,20 @@ import hashlib
 import json
 import os
 import re
+import stat
 import struct
+from urllib.parse import urlsplit
 
 HUBS = ("modelscope", "huggingface")
 SOURCES = ("modelscope", "huggingface", "local", "controller")
 MARKER = ".rigops-model.json"
 MARKER_VERSION = 1
-COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
-ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
-INSTANCE_RE = re.compile(r"^[a-z0-9][a-z0-9-]*$")
+# \A...\Z, not ^...$: `$` also matches before a trailing newline.
+COMMIT_RE = re.compile(r"\A[0-9a-f]{40}\Z")
+ID_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*\Z")
+INSTANCE_RE = re.compile(r"\A[a-z0-9][a-z0-9-]*\Z")
 DEFAULT_REVISION = {"modelscope": "master", "huggingface": "main"}
+DEFAULT_ENDPOINT = {"modelscope": "https://www.modelscope.cn", "huggingface": "https://huggingface.co"}
 OTHER_HUB = {"modelscope": "huggingface", "huggingface": "modelscope"}
 CHUNK = 1 << 20
 
@@ -238,6 +244,102 @@ def hf_files(tree: list) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------
+# Hub answers checked: commit ids and file paths from a hub (or a mirror) end up in
+# renames, unlinks and chmods run as root, so each is proven harmless before any write.
+
+
+def endpoint_problem(endpoint: str, allow_http: bool) -> str:
+    """'' when the hub may be asked at endpoint: https, or plain http with the opt-in."""
+    try:
+        url = urlsplit(endpoint)
+        host = url.hostname
+    except ValueError as exc:
+        return f"is not a URL ({exc})"
+    if url.scheme not in ("http", "https") or not host:
+        return "is not an http(s) URL with a host"
+    if url.scheme == "http" and not allow_http:
+        return (
+            "is plain http: file lists and weights could be altered on the way. Use https, or opt in for a "
+            "trusted mirror with allow_http (role variable model_weights_allow_http: true)"
+        )
+    return ""
+
+
+def commit_problem(commit) -> str:
+    """'' when commit is a commit id: exactly 40 lowercase hex digits (it names a folder)."""
+    if not isinstance(commit, str):
+        return f"is not a string ({type(commit).__name__})"
+    if not COMMIT_RE.match(commit):
+        return "is not a commit id (exactly 40 lowercase hex digits)"
+    return ""
+
+
+def path_problem(rel) -> str:
+    """'' when rel is a relative file path that stays inside the model's folder.
+
+    Paths are taken as they are listed, never normalised: a path that only stays inside
+    after normalisation (`a/../b`) is refused as well, so what is checked is what is used.
+    """
+    if not isinstance(rel, str):
+        return f"is not a string ({type(rel).__name__})"
+    if not rel:
+        return "is empty"
+    if "\0" in rel:
+        return "contains a NUL byte"
+    if any(ord(c) < 32 or ord(c) == 127 for c in rel):
+        return "contains a control character"
+    if "\\" in rel:
+        return "contains a backslash"
+    if rel.startswith("/"):
+        return "is absolute"
+    parts = rel.split("/")
+    depth = 0
+    for part in parts:
+        depth += -1 if part == ".." else 0 if part in (".", "") else 1
+        if depth < 0:
+            return "leaves the model folder"
+    if "" in parts:
+        return "has an empty segment (// or a trailing /)"
+    if "." in parts or ".." in parts:
+        return "has a '.' or '..' segment"
+    if rel == MARKER:
+        return f"is the name of rigops' marker ({MARKER})"
+    return ""
+
+
+def listing_problems(files: list[dict]) -> list[str]:
+    """What is unsafe or impossible in a listing: each path, duplicates, a file that is also a folder, sizes."""
+    problems, seen = [], set()
+    for f in files:
+        rel = f.get("path")
+        why = path_problem(rel)
+        if why:
+            problems.append(f"file path {rel!r} {why}")
+            continue
+        if rel in seen:
+            problems.append(f"file path {rel!r} is listed twice")
+        seen.add(rel)
+        size = f.get("size")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            problems.append(f"file {rel!r} has size {size!r}, not a byte count")
+    for rel in sorted(seen):
+        parts = rel.split("/")
+        for i in range(1, len(parts)):
+            folder = "/".join(parts[:i])
+            if folder in seen:
+                problems.append(f"file path {folder!r} is also the folder of {rel!r}")
+                break
+    return problems
+
+
+def refusal(where: str, model_id: str, problems: list[str], answered: bool = True) -> str:
+    """The message that stops the weights stage: which hub, which model, which values, nothing written."""
+    shown = "; ".join(problems[:5]) + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+    hint = "; check the hub or mirror that answered" if answered else ""
+    return f"{where}: {model_id}: {shown}. Refused before anything was written under the model root{hint}."
+
+
+# ---------------------------------------------------------------------------------------
 # Verification of a folder against the listing.
 
 
@@ -304,15 +406,39 @@ def index_problems(files: list[dict], read_json) -> list[str]:
     return problems
 
 
+def linked_part(directory: str, rel: str) -> str:
+    """The first part of rel under directory that is a symbolic link ('' if none is).
+
+    A link inside a model folder would send a check, a chmod or an unlink outside it;
+    model files are plain files in plain folders.
+    """
+    parts = rel.split("/")
+    path = directory
+    for i, part in enumerate(parts):
+        path = os.path.join(path, part)
+        try:
+            mode = os.lstat(path).st_mode
+        except OSError:
+            return ""
+        if stat.S_ISLNK(mode):
+            return "/".join(parts[: i + 1])
+    return ""
+
+
 def verify_files(directory: str, files: list[dict], full: bool) -> dict:
     """Compare a folder with the expected files.
 
     Sizes always; sha256 (or the git blob id) when `full`, or for a file whose size is
-    right but that the caller wants proven. Returns {ok, missing, bad: {path: why}, checked}.
+    right but that the caller wants proven. A symbolic link (the file or a folder on its way)
+    is bad, never followed. Returns {ok, missing, bad: {path: why}, digests}.
     """
     missing, bad, digests = [], {}, {}
     for f in files:
         path = os.path.join(directory, f["path"])
+        link = linked_part(directory, f["path"])
+        if link:
+            bad[f["path"]] = f"{link} is a symbolic link"
+            continue
         if not os.path.isfile(path):
             missing.append(f["path"])
             continue
@@ -360,7 +486,7 @@ def bytes_needed(directory: str, files: list[dict]) -> int:
     need = 0
     for f in files:
         path = os.path.join(directory, f["path"])
-        if not (os.path.isfile(path) and os.path.getsize(path) == f["size"]):
+        if linked_part(directory, f["path"]) or not (os.path.isfile(path) and os.path.getsize(path) == f["size"]):
             need += f["size"]
     return need
 

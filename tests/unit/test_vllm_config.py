@@ -1,4 +1,5 @@
-"""config.toml of a vLLM instance (module_utils/vllm_config.py): schema, policy, placement, argv and env.
+"""config.toml of a vLLM instance (module_utils/vllm_config.py): schema, policy, placement, argv and env,
+and the configs the role builds from the instances (merge_instances, build_configs).
 
 The base case is the config.toml the vllm_service role rendered on a sandbox rig
 (fixtures/vllm_service/alpha.config.toml), the model directory the real tiny model staged
@@ -13,14 +14,18 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from ansible.module_utils import vllm_config
 from ansible.module_utils.vllm_config import (
+    INSTANCE_DEFAULTS,
     build_argv,
+    build_configs,
     build_env,
     check_model_dir,
     command,
     dry_run,
     load,
+    merge_instances,
     normalize,
     placement,
     validate,
@@ -237,3 +242,150 @@ def test_launcher_cli_preflight_and_check(raw, tmp_path):
         check=False,
     )
     assert proc.returncode == 1 and "not valid TOML" in proc.stderr
+
+
+# build_configs: the role's configs from the instances, the staged weights and its variables.
+
+# What molecule/vllm_service serves (its host_vars) and the record its prepare step writes:
+# the sandbox rig on which fixtures/vllm_service/alpha.config.toml was rendered.
+COMMIT = "046faecc3573390176703f4b4dece37da6d49a82"
+MODEL_PATH = f"/srv/rigops/models/modelscope/Qwen/Qwen3.5-9B/{COMMIT}"
+MOLECULE_INSTANCES = [
+    {
+        "name": "alpha",
+        "port": 8001,
+        "model": {"source": "modelscope", "id": "Qwen/Qwen3.5-9B", "revision": "master", "served_name": "tiny-a"},
+    },
+    {
+        "name": "beta",
+        "port": 8002,
+        "model": {"source": "modelscope", "id": "Qwen/Qwen3.5-9B", "revision": "master", "served_name": "tiny-b"},
+    },
+]
+STAGED = {
+    name: {"path": MODEL_PATH, "source": "modelscope", "id": "Qwen/Qwen3.5-9B", "revision": "master", "commit": COMMIT}
+    for name in ("alpha", "beta")
+}
+
+
+def sandbox_settings(**over):
+    """The role's variables as vars/main.yml hands them over, with the sandbox's instance defaults."""
+    sandbox = yaml.safe_load((ROOT / "inventories/sandbox/group_vars/all/vllm_service.yml").read_text())
+    settings = {
+        "instance_defaults": sandbox["vllm_service_instance_defaults"],
+        "python": load(FIX / "alpha.config.toml")["server"]["python"],
+        "config_root": "/etc/vllm",
+        "cache_root": "/var/cache/vllm",
+        "allow_remote_bind": False,
+        "allowed_models": [],
+        "remote_code_allowed": [],
+        "metrics_enabled": True,
+    }
+    settings.update(over)
+    return settings
+
+
+def test_build_configs_gives_what_the_role_rendered_on_the_sandbox_rig():
+    alpha, beta = build_configs(MOLECULE_INSTANCES, STAGED, sandbox_settings())
+    assert alpha == load(FIX / "alpha.config.toml")
+    assert beta["server"]["instance"] == "beta" and beta["server"]["port"] == 8002
+    assert beta["server"]["key_file"] == "/etc/vllm/beta/api_key"
+    assert beta["server"]["cache_dir"] == "/var/cache/vllm/beta"
+    assert beta["model"]["served_name"] == "tiny-b"
+    for cfg in (alpha, beta):
+        assert validate(cfg, "x", check_files=False)[1] == []
+    assert placement([alpha, beta], 0.95) == []
+
+
+def test_local_model_served_name_default_no_key_and_no_secret():
+    instances = [
+        {
+            "name": "loc",
+            "port": 9000,
+            "gpus": [1],
+            "model": {"source": "local", "path": "/data/models/tiny"},
+            "security": {"require_key": False},
+        },
+        {"name": "vault", "port": 9001, "model": {"id": "org/m"}, "security": {"api_key": "s3cret-from-the-vault"}},
+    ]
+    loc, vault = build_configs(instances, {"vault": {"path": "/srv/m", "commit": "c0ffee"}}, sandbox_settings())
+    # local: its own path, no commit, no staged record needed; the name is served by default
+    assert loc["model"]["path"] == "/data/models/tiny" and loc["model"]["commit"] == ""
+    assert loc["model"]["served_name"] == "loc"
+    assert loc["server"]["key_file"] == "" and loc["security"]["require_key"] is False
+    assert loc["server"]["gpus"] == [1]
+    # the key is written by its own task: a config only names the file
+    assert vault["server"]["key_file"] == "/etc/vllm/vault/api_key"
+    assert "s3cret" not in json.dumps([loc, vault])
+    assert all(set(cfg) == set(vllm_config.SECTIONS) for cfg in (loc, vault))
+
+
+def test_non_local_model_without_a_record_gets_an_empty_path_the_launcher_refuses():
+    (cfg,) = build_configs(
+        [{"name": "a", "port": 1, "model": {"source": "huggingface", "id": "o/m"}}], {}, sandbox_settings()
+    )
+    assert cfg["model"]["path"] == "" and cfg["model"]["commit"] == ""
+    assert any("[model] path: '' is not absolute; stage the weights first" in p for p in problems(cfg))
+
+
+def test_role_variables_reach_every_config():
+    settings = sandbox_settings(
+        allow_remote_bind=True, allowed_models=["tiny-a"], remote_code_allowed=["org/ok"], metrics_enabled=False
+    )
+    for cfg in build_configs(MOLECULE_INSTANCES, STAGED, settings):
+        assert cfg["server"]["allow_remote_bind"] is True
+        assert cfg["security"]["allowed_models"] == ["tiny-a"]
+        assert cfg["security"]["remote_code_allowed"] == ["org/ok"]
+        assert cfg["metrics"]["enabled"] is False
+    assert "--disable-log-stats" in build_argv(normalize(cfg)[0])
+    # each config has its own lists: changing one changes no other, nor the settings
+    cfg["security"]["allowed_models"].append("x")
+    assert settings["allowed_models"] == ["tiny-a"]
+
+
+def test_merge_order_contract_then_site_then_instance():
+    defaults = {"engine": {"enforce_eager": True, "extra_args": ["--seed=1"]}, "model": {"max_model_len": 1024}}
+    inst = {"name": "a", "port": 1, "engine": {"extra_args": ["--seed=2"], "max_num_seqs": 8}, "gpus": [3]}
+    before = copy.deepcopy((defaults, inst))
+    (merged,) = merge_instances([inst], defaults)
+    assert merged["engine"]["enforce_eager"] is True  # site over contract
+    assert merged["engine"]["extra_args"] == ["--seed=2"]  # lists are replaced, not appended
+    assert merged["engine"]["max_num_seqs"] == 8 and merged["engine"]["gpu_memory_utilization"] == 0.9
+    assert merged["model"]["max_model_len"] == 1024 and merged["model"]["dtype"] == "auto"
+    assert merged["gpus"] == [3] and merged["host"] == "127.0.0.1" and merged["security"]["require_key"] is True
+    assert (defaults, inst) == before  # inputs untouched
+    merged["engine"]["extra_args"].append("x")
+    assert INSTANCE_DEFAULTS["engine"]["extra_args"] == []  # nor the contract's defaults
+    assert merge_instances([merged], defaults) == [merged]  # merging again changes nothing
+
+
+@pytest.mark.parametrize(
+    ("instances", "staged", "over", "expected"),
+    [
+        ({"name": "a"}, {}, {}, "vllm_instances: {'name': 'a'} is not a list"),
+        (["a"], {}, {}, "vllm_instances[0]: 'a' is not a mapping"),
+        ([{"name": "a", "port": 1, "model": None}], {}, {}, "vllm_instances[0] (a): model: None is not a mapping"),
+        ([{"port": 1}], {}, {}, "an instance has no name"),
+        ([{"name": "a", "port": 1}], {"a": "x"}, {}, "model_weights_staged: a: 'x' is not a record"),
+        ([], [], {}, "model_weights_staged: [] is not a mapping"),
+        ([], {}, {"allow_remote_bind": "false"}, "allow_remote_bind: 'false' is not a bool"),
+        ([], {}, {"instance_defaults": []}, "vllm_service_instance_defaults: [] is not a mapping"),
+    ],
+)
+def test_build_configs_refuses_malformed_input(instances, staged, over, expected):
+    with pytest.raises(ValueError) as info:
+        build_configs(instances, staged, sandbox_settings(**over))
+    assert expected in str(info.value)
+
+
+def test_build_configs_names_missing_settings():
+    settings = sandbox_settings()
+    del settings["python"], settings["cache_root"]
+    with pytest.raises(ValueError, match="settings lack python, cache_root"):
+        build_configs([], {}, settings)
+
+
+def test_missing_port_is_left_for_the_launcher_to_name():
+    (cfg,) = build_configs([{"name": "a", "model": {"source": "local", "path": "/m"}}], {}, sandbox_settings())
+    assert "port" not in cfg["server"]
+    assert any("[server] port: missing; it is required" in p for p in problems(cfg))

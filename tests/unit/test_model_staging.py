@@ -1,0 +1,581 @@
+"""module_utils/model_staging.py on real files in tmp_path, with captured hub answers.
+
+The hub's API answers are the ones captured from the sandbox hub stand-in
+(tests/unit/fixtures/model_weights/). The client run is replaced by StandInClient, which
+writes the requested files into the folder it is given, as the real client does, and can
+drop, corrupt or truncate files. Only config.json, model.safetensors.index.json and the
+header of the second shard exist as real bytes in the fixtures; the other files are
+stand-in bytes of the listed size (whole safetensors shards for *.safetensors), and their
+sha256 (ModelScope) or LFS sha256 / git blob id (Hugging Face) in the captured listing are
+replaced by those of the stand-in bytes. Paths, sizes, commits and the answers' structure
+are the hub's.
+"""
+
+from __future__ import annotations
+
+import copy
+import grp
+import hashlib
+import json
+import os
+import pwd
+import stat
+import struct
+from pathlib import Path
+from unittest import mock
+
+import pytest
+from ansible.module_utils import model_staging as ms
+from ansible.module_utils import model_weights as mw
+
+FIX = Path(__file__).parent / "fixtures" / "model_weights"
+COMMIT = "046faecc3573390176703f4b4dece37da6d49a82"
+ENDPOINT = "https://hub.test"
+MODELS = {"modelscope": "Qwen/Qwen3.5-9B", "huggingface": "Qwen/Qwen3.5-9B-Instruct"}
+REVISION = {"modelscope": "master", "huggingface": "main"}
+REAL = ("config.json", "model.safetensors.index.json")
+
+
+def load(name):
+    return json.loads((FIX / name).read_text())
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def git_oid(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def safetensors(size: int) -> bytes:
+    """A whole safetensors file of exactly `size` bytes (one U8 tensor, header padded with spaces)."""
+    n = 128
+    length = size - 8 - n
+    header = json.dumps({"w": {"dtype": "U8", "shape": [length], "data_offsets": [0, length]}}).encode()
+    return struct.pack("<Q", n) + header.ljust(n, b" ") + b"\1" * length
+
+
+def stand_in(path: str, size: int) -> bytes:
+    if path in REAL:
+        data = (FIX / path).read_bytes()
+    elif path == "model-00002-of-00003.safetensors":
+        header = (FIX / "shard2_header.bin").read_bytes()
+        data = header + b"\0" * (size - len(header))
+    elif path.endswith(".safetensors"):
+        data = safetensors(size)
+    else:
+        data = (f"{path} of the stand-in repository\n".encode() * (size // 20 + 1))[:size]
+    assert len(data) == size
+    return data
+
+
+@pytest.fixture(scope="module")
+def repo() -> dict[str, bytes]:
+    files = mw.ms_files(load("ms_files_sharded.json"))
+    data = {f["path"]: stand_in(f["path"], f["size"]) for f in files}
+    for f in files:
+        if f["path"] in REAL:  # the capture and the real bytes agree
+            assert f["sha256"] == sha256(data[f["path"]])
+    return data
+
+
+def ms_answers(repo, files_answer=None, revisions_answer=None):
+    """URL -> (status, body) of the captured ModelScope answers, sha256 of the stand-in bytes."""
+    listing = files_answer or load("ms_files_sharded.json")
+    for e in listing["Data"]["Files"]:
+        if e["Type"] == "blob" and e["Path"] in repo:
+            e["Sha256"] = sha256(repo[e["Path"]])
+    urls = mw.api_urls("modelscope", ENDPOINT, MODELS["modelscope"], "master")
+    return {
+        urls["files"]: (200, listing),
+        urls["revisions"]: (200, revisions_answer or load("ms_revisions.json")),
+    }
+
+
+def hf_answers(repo, revision_answer=None, commit=COMMIT):
+    """URL -> (status, body) of the captured Hugging Face answers, ids of the stand-in bytes."""
+    tree = load("hf_tree_sharded.json")
+    for e in tree:
+        data = repo[e["path"]]
+        if e.get("lfs"):
+            e["lfs"]["oid"] = sha256(data)
+        elif e["path"] in REAL:
+            assert e["oid"] == git_oid(data)
+        else:
+            e["oid"] = git_oid(data)
+    urls = mw.api_urls("huggingface", ENDPOINT, MODELS["huggingface"], "main")
+    return {
+        urls["revision"]: (200, revision_answer or load("hf_revision_main.json")),
+        urls["tree"].format(commit=commit): (200, tree),
+    }
+
+
+class CapturedHub:
+    """The opener seam: answers the hub's API calls from captured answers, records them."""
+
+    def __init__(self, answers, redirect=None):
+        self.answers = answers
+        self.redirect = redirect or {}
+        self.calls = []
+
+    def __call__(self, url, headers, timeout):
+        self.calls.append((url, dict(headers)))
+        if url not in self.answers:
+            return {"status": 404, "body": b'{"error": "not captured"}', "headers": {}, "url": url}
+        status, body = self.answers[url]
+        return {"status": status, "body": json.dumps(body).encode(), "headers": {}, "url": self.redirect.get(url, url)}
+
+
+class StandInClient:
+    """The fetch seam: one client run writes the wanted files into the folder, like the real client.
+
+    never: paths it cannot get (the hub answers 404); corrupt_once / truncate_once: paths
+    whose first download is wrong (same size / cut short, the run then fails); junk: what
+    it leaves besides (its own cache files).
+    """
+
+    def __init__(self, repo, jail, never=(), corrupt_once=(), truncate_once=(), junk=()):
+        self.repo, self.jail = repo, jail
+        self.never, self.corrupt, self.truncate, self.junk = set(never), set(corrupt_once), set(truncate_once), junk
+        self.calls = []
+
+    def __call__(self, partial, commit, wanted):
+        assert os.path.isdir(partial) and partial.endswith(f"{commit}.partial")
+        assert not os.path.exists(os.path.join(partial, mw.MARKER))
+        self.calls.append(list(wanted))
+        ok, why = True, ""
+        for rel in wanted:
+            target = os.path.realpath(os.path.join(partial, rel))
+            if not target.startswith(str(self.jail) + os.sep):
+                raise AssertionError(f"the client was asked to write {rel!r} outside the jail: {target}")
+            if rel in self.never or rel not in self.repo:
+                ok, why = False, f"requests.exceptions.HTTPError: 404 Client Error for {rel}"
+                continue
+            data = self.repo[rel]
+            if rel in self.corrupt:
+                self.corrupt.discard(rel)
+                data = data[:-1] + bytes([data[-1] ^ 1])
+            elif rel in self.truncate:
+                self.truncate.discard(rel)
+                data = data[: len(data) // 2]
+                ok, why = False, "requests.exceptions.ConnectionError: Connection broken: IncompleteRead"
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            with open(target, "wb") as f:
+                f.write(data)
+        for rel in self.junk:
+            os.makedirs(os.path.dirname(os.path.join(partial, rel)), exist_ok=True)
+            Path(partial, rel).write_text("client cache")
+        return ok, why
+
+
+@pytest.fixture(scope="module")
+def defaults() -> dict:
+    """The module's option defaults, read from its argument_spec (what AnsibleModule hands stage_model)."""
+    from library import model_weights as module
+
+    captured = {}
+
+    class Captured(Exception):
+        pass
+
+    def capture(argument_spec, **_kwargs):
+        captured.update(argument_spec)
+        raise Captured
+
+    with mock.patch.object(module, "AnsibleModule", capture), pytest.raises(Captured):
+        module.main()
+    return {name: spec.get("default") for name, spec in captured.items()}
+
+
+@pytest.fixture
+def params(defaults, tmp_path):
+    def make(hub="modelscope", **over):
+        p = dict(defaults)
+        p.update(
+            hub=hub,
+            id=MODELS[hub],
+            revision=REVISION[hub],
+            endpoint=ENDPOINT,
+            root=str(tmp_path / "root"),
+            owner=pwd.getpwuid(os.getuid()).pw_name,
+            group=grp.getgrgid(os.getgid()).gr_name,
+            disk_margin_bytes=0,
+            attempts=2,
+        )
+        p.update(over)
+        return p
+
+    return make
+
+
+def answers_for(hub, repo):
+    return ms_answers(repo) if hub == "modelscope" else hf_answers(repo)
+
+
+def final_dir(p) -> Path:
+    return Path(mw.model_dir(p["root"], p["hub"], p["id"], COMMIT))
+
+
+def tree(path: Path) -> dict:
+    """Every entry under path with its type, size and mode (a snapshot to compare)."""
+    out = {}
+    for p in sorted(path.rglob("*")):
+        st = p.lstat()
+        out[str(p.relative_to(path))] = (stat.S_IFMT(st.st_mode), st.st_size, stat.S_IMODE(st.st_mode))
+    return out
+
+
+# --- the whole run: resolve, list, stage into .partial, verify, marker, rename -------------
+
+
+@pytest.mark.parametrize("hub", ["modelscope", "huggingface"])
+def test_stage_resolves_lists_stages_verifies_marks_and_renames(hub, params, repo, tmp_path):
+    p = params(hub, label="controller" if hub == "huggingface" else "")
+    api = CapturedHub(answers_for(hub, repo))
+    client = StandInClient(repo, tmp_path, junk=[".cache/huggingface/download/config.json.metadata"])
+    result = ms.stage_model(p, fetch=client, opener=api)
+
+    # the hub's API in the clients' order, then one client run for every listed file
+    urls = mw.api_urls(hub, ENDPOINT, p["id"], p["revision"])
+    want_calls = [urls["files"], urls["revisions"]] if hub == "modelscope" else [urls["revision"]]
+    assert [c[0] for c in api.calls][: len(want_calls)] == want_calls
+    assert all("Authorization" not in headers for _url, headers in api.calls)
+    assert client.calls == [sorted(repo)]
+
+    final = final_dir(p)
+    assert result["changed"] and result["staged"] and result["commit"] == COMMIT and result["path"] == str(final)
+    assert result["downloaded"] == sorted(repo) and result["trust_remote_code"] is False
+    assert not Path(str(final) + ".partial").exists()
+    # the folder holds the listed files and the marker, nothing the client left besides
+    assert sorted(str(x.relative_to(final)) for x in final.rglob("*")) == sorted([*repo, mw.MARKER])
+    marker = json.loads((final / mw.MARKER).read_text())
+    assert (marker["hub"], marker["id"], marker["commit"], marker["revision"]) == (hub, p["id"], COMMIT, p["revision"])
+    assert marker["source"] == (p["label"] or hub)
+    assert {f["path"]: f["sha256"] for f in marker["files"]} == {rel: sha256(data) for rel, data in repo.items()}
+    assert stat.S_IMODE(final.stat().st_mode) == 0o750
+    assert {stat.S_IMODE(x.stat().st_mode) for x in final.iterdir()} == {0o640}
+    assert {x.stat().st_uid for x in final.iterdir()} == {os.getuid()}
+    # the parents are made with the folder mode too
+    assert stat.S_IMODE(final.parent.stat().st_mode) == 0o750
+
+    # a rerun reads the marker, checks sizes, downloads nothing, changes nothing
+    again = ms.stage_model(p, fetch=client, opener=CapturedHub(answers_for(hub, repo)))
+    assert not again["changed"] and again["staged"] and again["bytes_needed"] == 0
+    assert client.calls == [sorted(repo)]
+
+
+def test_http_endpoint_with_the_opt_in_stages(params, repo, tmp_path):
+    answers = {url.replace(ENDPOINT, "http://rigops-hub:8090"): a for url, a in ms_answers(repo).items()}
+    p = params(endpoint="http://rigops-hub:8090", allow_http=True)
+    result = ms.stage_model(p, fetch=StandInClient(repo, tmp_path), opener=CapturedHub(answers))
+    assert result["staged"] and (final_dir(p) / mw.MARKER).is_file()
+
+
+# --- a file that fails its check: fetched again, or refused -------------------------------
+
+
+def test_corrupted_download_is_fetched_again(params, repo, tmp_path):
+    """Same size, one byte off: only the sha256 catches it (huggingface_hub does not over plain http)."""
+    p = params()
+    client = StandInClient(repo, tmp_path, corrupt_once=["model-00002-of-00003.safetensors"])
+    result = ms.stage_model(p, fetch=client, opener=CapturedHub(ms_answers(repo)))
+    assert client.calls == [sorted(repo), ["model-00002-of-00003.safetensors"]]
+    assert result["staged"]
+    shard = final_dir(p) / "model-00002-of-00003.safetensors"
+    assert shard.read_bytes() == repo["model-00002-of-00003.safetensors"]
+
+
+def test_wrong_size_after_every_attempt_is_refused_without_marker(params, repo, tmp_path):
+    p = params(attempts=2)
+    bad = dict(repo, **{"model-00001-of-00003.safetensors": repo["model-00001-of-00003.safetensors"][:-10]})
+    client = StandInClient(bad, tmp_path)
+    with pytest.raises(ms.StageError) as info:
+        ms.stage_model(p, fetch=client, opener=CapturedHub(ms_answers(repo)))
+    size = len(repo["model-00001-of-00003.safetensors"])
+    assert f"is incomplete after 2 attempts: model-00001-of-00003.safetensors: size {size - 10}, expected {size}" in (
+        info.value.msg
+    )
+    assert "no marker was written" in info.value.msg
+    assert client.calls == [sorted(repo), ["model-00001-of-00003.safetensors"]]
+    final = final_dir(p)
+    assert not final.exists() and Path(str(final) + ".partial").is_dir()
+    assert not list(Path(p["root"]).rglob(mw.MARKER))
+    assert info.value.result["downloaded"] == sorted(repo) and not info.value.result["staged"]
+
+
+def test_staged_copy_that_fails_its_check_keeps_its_good_files(params, repo, tmp_path):
+    p = params()
+    client = StandInClient(repo, tmp_path)
+    ms.stage_model(p, fetch=client, opener=CapturedHub(ms_answers(repo)))
+    shard = final_dir(p) / "model-00003-of-00003.safetensors"
+    kept = final_dir(p) / "tokenizer.json"
+    inode = kept.stat().st_ino
+    shard.write_bytes(shard.read_bytes()[:100])
+    result = ms.stage_model(p, fetch=client, opener=CapturedHub(ms_answers(repo)))
+    assert client.calls[1:] == [["model-00003-of-00003.safetensors"]]
+    assert result["changed"] and result["staged"] and kept.stat().st_ino == inode
+
+
+def test_shard_named_in_the_index_but_not_listed_is_refused(params, repo, tmp_path):
+    listing = load("ms_files_sharded.json")
+    listing["Data"]["Files"] = [e for e in listing["Data"]["Files"] if "00002" not in e["Path"]]
+    p = params()
+    client = StandInClient(repo, tmp_path)
+    with pytest.raises(ms.StageError) as info:
+        ms.stage_model(p, fetch=client, opener=CapturedHub(ms_answers(repo, files_answer=listing)))
+    assert info.value.msg == (
+        f"{p['id']}@{COMMIT}: incomplete sharded model: model-00002-of-00003.safetensors: named in "
+        "model.safetensors.index.json but not in the repository's file list"
+    )
+    final = final_dir(p)
+    assert not final.exists() and not list(Path(p["root"]).rglob(mw.MARKER))
+    assert Path(str(final) + ".partial").is_dir()
+
+
+# --- resume ------------------------------------------------------------------------------
+
+
+def test_interrupted_run_leaves_partial_and_the_next_run_resumes_it(params, repo, tmp_path):
+    p = params(attempts=1)
+    shard = "model-00001-of-00003.safetensors"
+    first = StandInClient(repo, tmp_path, truncate_once=[shard], never=["tokenizer.json"])
+    with pytest.raises(ms.StageError) as info:
+        ms.stage_model(p, fetch=first, opener=CapturedHub(ms_answers(repo)))
+    assert "Last client error: requests.exceptions.HTTPError: 404" in info.value.msg
+    assert "stays in" in info.value.msg and "a rerun resumes it" in info.value.msg
+    partial = Path(str(final_dir(p)) + ".partial")
+    assert partial.is_dir() and (partial / "config.json").is_file()
+    kept = {rel: (partial / rel).stat().st_ino for rel in repo if rel not in (shard, "tokenizer.json")}
+
+    # state=checked counts only what the partial folder still lacks
+    checked = ms.stage_model(dict(p, state="checked"), opener=CapturedHub(ms_answers(repo)))
+    assert checked["bytes_needed"] == len(repo[shard]) + len(repo["tokenizer.json"])
+
+    second = StandInClient(repo, tmp_path)
+    result = ms.stage_model(p, fetch=second, opener=CapturedHub(ms_answers(repo)))
+    assert second.calls == [[shard, "tokenizer.json"]]  # the cut shard again, the missing file; nothing else
+    final = final_dir(p)
+    assert result["staged"] and not partial.exists()
+    assert {rel: (final / rel).stat().st_ino for rel in kept} == kept  # the same files, renamed with the folder
+
+
+# --- check mode and state=checked write nothing -------------------------------------------
+
+
+@pytest.mark.parametrize(("state", "check_mode"), [("checked", False), ("present", True)])
+def test_checked_and_check_mode_write_nothing(state, check_mode, params, repo, tmp_path):
+    p = params(state=state)
+    client = StandInClient(repo, tmp_path)
+    result = ms.stage_model(p, check_mode=check_mode, fetch=client, opener=CapturedHub(ms_answers(repo)))
+    assert client.calls == [] and not Path(p["root"]).exists()
+    assert not result["staged"] and result["reason"] == "no marker" and result["commit"] == COMMIT
+    assert result["bytes_needed"] == sum(len(d) for d in repo.values()) and result["free_bytes"] > 0
+    assert result["changed"] is (state == "present")  # check mode reports what a real run would do
+
+    # with a partial download and a stale staged copy around, nothing moves either
+    partial = Path(str(final_dir(p)) + ".partial")
+    partial.mkdir(parents=True)
+    (partial / "config.json").write_bytes(repo["config.json"])
+    before = tree(tmp_path)
+    result = ms.stage_model(p, check_mode=check_mode, fetch=client, opener=CapturedHub(ms_answers(repo)))
+    assert tree(tmp_path) == before and client.calls == []
+    assert result["bytes_needed"] == sum(len(d) for d in repo.values()) - len(repo["config.json"])
+
+
+def test_not_enough_disk_is_refused_before_any_write(params, repo, tmp_path):
+    p = params(disk_margin_bytes=1 << 62)
+    client = StandInClient(repo, tmp_path)
+    with pytest.raises(ms.StageError, match="not enough free disk under"):
+        ms.stage_model(p, fetch=client, opener=CapturedHub(ms_answers(repo)))
+    assert client.calls == [] and not Path(p["root"]).exists()
+
+
+# --- hub answers checked ----------------------------------------------------------------
+
+
+def listing_with(path):
+    listing = load("ms_files_sharded.json")
+    entry = copy.deepcopy(listing["Data"]["Files"][0])
+    entry.update(Name=os.path.basename(path) or path, Path=path, Size=5)
+    listing["Data"]["Files"].append(entry)
+    return listing
+
+
+@pytest.mark.parametrize(
+    ("path", "why"),
+    [
+        ("../../etc/passwd", "leaves the model folder"),
+        ("/etc/shadow", "is absolute"),
+        ("a/../../b", "leaves the model folder"),
+        ("../../../../../../outside.txt", "leaves the model folder"),
+        ("a/../b", "has a '.' or '..' segment"),
+        ("./config.json", "has a '.' or '..' segment"),
+        ("a//b", "has an empty segment"),
+        ("weights/", "has an empty segment"),
+        ("a\\..\\..\\b", "contains a backslash"),
+        ("a\0b", "contains a NUL byte"),
+        ("a\nb", "contains a control character"),
+        ("", "is empty"),
+        (mw.MARKER, "is the name of rigops' marker"),
+    ],
+)
+def test_unsafe_path_in_a_listing_stops_the_stage_before_any_write(path, why, params, repo, tmp_path):
+    p = params()
+    client = StandInClient(repo, tmp_path)
+    with pytest.raises(ms.StageError) as info:
+        ms.stage_model(p, fetch=client, opener=CapturedHub(ms_answers(repo, files_answer=listing_with(path))))
+    msg = info.value.msg
+    assert msg.startswith(f"modelscope ({ENDPOINT}): {p['id']}: file path {path!r} {why}"), msg
+    assert "Refused before anything was written" in msg
+    assert client.calls == [] and list(tmp_path.iterdir()) == []  # not even the root
+
+
+@pytest.mark.parametrize(
+    "commit",
+    [
+        COMMIT.upper(),
+        COMMIT[:12],
+        "g" * 40,
+        COMMIT + "\n",
+        COMMIT[:-2] + "/x",
+        "../../../../tmp/x",
+    ],
+)
+@pytest.mark.parametrize("hub", ["modelscope", "huggingface"])
+def test_bad_commit_from_the_hub_stops_the_stage_before_any_write(hub, commit, params, repo, tmp_path):
+    p = params(hub)
+    if hub == "modelscope":
+        revisions = load("ms_revisions.json")
+        revisions["Data"]["RevisionMap"]["Branches"][0]["CommitId"] = commit
+        answers = ms_answers(repo, revisions_answer=revisions)
+    else:
+        answers = hf_answers(repo, revision_answer=dict(load("hf_revision_main.json"), sha=commit))
+    api, client = CapturedHub(answers), StandInClient(repo, tmp_path)
+    with pytest.raises(ms.StageError) as info:
+        ms.stage_model(p, fetch=client, opener=api)
+    assert info.value.msg.startswith(
+        f"{hub} ({ENDPOINT}): {p['id']}: commit id {commit!r} for revision {p['revision']!r} is not a commit id "
+        "(exactly 40 lowercase hex digits)"
+    ), info.value.msg
+    assert client.calls == [] and list(tmp_path.iterdir()) == []
+    assert not any("/tree/" in url for url, _h in api.calls)  # never put into a URL either
+
+
+def test_plain_http_without_the_opt_in_is_refused_before_any_call(params, repo, tmp_path):
+    p = params(endpoint="http://rigops-hub:8090")
+    api, client = CapturedHub({}), StandInClient(repo, tmp_path)
+    with pytest.raises(ms.StageError) as info:
+        ms.stage_model(p, fetch=client, opener=api)
+    msg = info.value.msg
+    assert msg.startswith(f"modelscope (http://rigops-hub:8090): {p['id']}: endpoint 'http://rigops-hub:8090' is plain")
+    assert "model_weights_allow_http: true" in msg
+    assert api.calls == [] and client.calls == [] and list(tmp_path.iterdir()) == []
+
+
+def test_https_hub_redirecting_to_http_is_refused(params, repo, tmp_path):
+    p = params()
+    answers = ms_answers(repo)
+    files_url = mw.api_urls("modelscope", ENDPOINT, p["id"], "master")["files"]
+    api = CapturedHub(answers, redirect={files_url: files_url.replace("https://", "http://")})
+    with pytest.raises(ms.StageError, match=r"was redirected to 'http://hub.test/.*', which is plain http"):
+        ms.stage_model(p, fetch=StandInClient(repo, tmp_path), opener=api)
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("expected", "needle"),
+    [
+        ({"commit": "HEAD", "files": []}, "commit id 'HEAD' is not a commit id"),
+        ({"commit": COMMIT, "files": [{"path": "../../../../escape", "size": 1}]}, "'../../../../escape' leaves"),
+        ({"commit": COMMIT, "files": [{"path": "/etc/shadow", "size": 1}]}, "'/etc/shadow' is absolute"),
+    ],
+)
+def test_adopt_checks_the_cache_hosts_list_like_a_hub_answer(expected, needle, params, tmp_path):
+    p = params("huggingface", source="adopt", expected=expected)
+    with pytest.raises(ms.StageError) as info:
+        ms.stage_model(p)
+    assert info.value.msg.startswith(f"huggingface (the cache host's verified list): {p['id']}: ")
+    assert needle in info.value.msg
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_model_id_that_would_leave_the_root_is_refused(params, tmp_path):
+    with pytest.raises(ms.StageError, match=r"model id '\.\./x' must be a hub repository id"):
+        ms.stage_model(params(id="../x"), opener=CapturedHub({}))
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- symbolic links are never followed -----------------------------------------------------
+
+
+def outside(tmp_path) -> Path:
+    victim = tmp_path / "outside"
+    victim.mkdir()
+    (victim / "passwd").write_text("root:x:0:0\n")
+    (victim / "passwd").chmod(0o600)
+    return victim
+
+
+def test_links_planted_in_partial_are_removed_not_followed(params, repo, tmp_path):
+    """A folder link would send the unlink of a bad file, a file link the chmod, outside the root."""
+    victim = outside(tmp_path)
+    listing = listing_with("evil/passwd")
+    repo = dict(repo, **{"evil/passwd": b"hello"})
+    p = params()
+    partial = Path(str(final_dir(p)) + ".partial")
+    partial.mkdir(parents=True)
+    (partial / "evil").symlink_to(victim, target_is_directory=True)  # evil/passwd: wrong size, "bad"
+    (partial / "config.json").symlink_to(victim / "passwd")  # would be chmod 0640'd, chowned
+    before = tree(victim)
+    result = ms.stage_model(p, fetch=StandInClient(repo, tmp_path), opener=CapturedHub(ms_answers(repo, listing)))
+    assert result["staged"]
+    assert tree(victim) == before and (victim / "passwd").read_text() == "root:x:0:0\n"
+    final = final_dir(p)
+    assert not (final / "evil").is_symlink() and (final / "evil" / "passwd").read_bytes() == b"hello"
+    assert not (final / "config.json").is_symlink()
+
+
+def test_link_in_a_staged_model_is_refetched_not_followed(params, repo, tmp_path):
+    victim = outside(tmp_path)
+    p = params(verify_sha256=True)
+    client = StandInClient(repo, tmp_path)
+    ms.stage_model(p, fetch=client, opener=CapturedHub(ms_answers(repo)))
+    final = final_dir(p)
+    (victim / "config.json").write_bytes(repo["config.json"])  # the right bytes, elsewhere
+    (final / "config.json").unlink()
+    (final / "config.json").symlink_to(victim / "config.json")
+    before = tree(victim)
+    checked = ms.stage_model(dict(p, state="checked"), opener=CapturedHub(ms_answers(repo)))
+    assert not checked["staged"] and checked["reason"] == "config.json: config.json is a symbolic link"
+    result = ms.stage_model(p, fetch=client, opener=CapturedHub(ms_answers(repo)))
+    assert client.calls[1:] == [["config.json"]] and result["staged"]
+    assert not (final / "config.json").is_symlink() and tree(victim) == before
+
+
+# --- the real client's run -------------------------------------------------------------------
+
+
+def test_client_fetch_runs_the_real_client_with_the_token_in_the_environment(params):
+    p = params("huggingface", token="hf_secret", endpoint="", workers=2)
+    seen = {}
+
+    def run_command(argv, environ_update, check_rc):
+        seen.update(argv=argv, env=environ_update, check_rc=check_rc)
+        return 1, "", "Traceback...\nhuggingface_hub.errors.RepositoryNotFoundError: 404 Client Error\n"
+
+    ok, why = ms.client_fetch(run_command, p)("/m/x.partial", COMMIT, ["config.json"])
+    assert not ok and why == "huggingface_hub.errors.RepositoryNotFoundError: 404 Client Error"
+    assert seen["argv"][:3] == [p["python"], "-c", mw.FETCH_SCRIPT] and seen["check_rc"] is False
+    args = json.loads(seen["argv"][3])
+    assert args == {
+        "hub": "huggingface",
+        "id": p["id"],
+        "commit": COMMIT,
+        "dir": "/m/x.partial",
+        "files": ["config.json"],
+        "endpoint": "https://huggingface.co",
+        "workers": 2,
+    }
+    assert "hf_secret" not in " ".join(seen["argv"]) and seen["env"]["HF_TOKEN"] == "hf_secret"
+    assert seen["env"]["HF_HOME"] == os.path.join(p["root"], ".client-cache", "huggingface")
