@@ -25,7 +25,7 @@ import os
 
 try:  # Python >= 3.11
     import tomllib
-except ModuleNotFoundError:  # pragma: no cover - Python 3.10 hosts (Jetson, Ubuntu 22.04) with tomli
+except ModuleNotFoundError:  # pragma: no cover - Python 3.10 hosts: the role installs python3-tomli
     import tomli as tomllib  # type: ignore[no-redef]
 
 # The OpenAI-compatible server as a module: works with both distributions of vLLM. The
