@@ -9,15 +9,21 @@ module: gpu_topology
 short_description: Gate on GPU topology, P2P, ACS, IOMMU and NCCL settings
 description:
   - Reads C(nvidia-smi topo -m) and C(nvidia-smi topo -p2p <mode>) for each mode in O(p2p_modes), and where available
-    the
-    ACS control bits of the PCIe bridges above the GPUs (C(lspci -vvv) C(ACSCtl)), the IOMMU groups
+    the ACS control bits of the PCIe bridges above the GPUs (C(lspci -vvv) C(ACSCtl)), the IOMMU groups
     (C(<sysfs_root>/kernel/iommu_groups)) and C(NCCL_P2P_DISABLE) / C(NCCL_P2P_LEVEL) in the environment files the
-    service
-    will see.
+    service will see.
   - Judges each requested GPU group (the GPUs one vLLM instance will use) and returns a verdict per group and a list
-    of
-    problems, each naming the GPU pair, the cause and the fix.
-  - Fails only for problems whose kind is in O(fail_on); the others are returned and reported as warnings.
+    of findings, each naming the GPU pair, the cause, the fix, a severity and a cause class.
+  - "Cause classes: C(product) (the GPU model, its driver or the platform offers no P2P on the pair: C(GNS), as on
+    GeForce cards with NVIDIA's stock driver, or C(CNS)/C(TNS) across the CPU socket interconnect; nothing on the
+    host changes it, NCCL moves the traffic through host memory at roughly half the tensor-parallel throughput),
+    C(fixable) (a setting blocks P2P the product offers: ACS redirect, IOMMU grouping, C(NCCL_P2P_DISABLE) /
+    C(NCCL_P2P_LEVEL), a driver registry key), C(informational) (an ACS redirect or a split IOMMU group on pairs
+    where it cannot matter: the product offers no P2P there anyway, or the pair talks over NVLink), C(layout)
+    (links, NUMA nodes or slots of the GPUs chosen), C(inventory) (GPUs the host does not show) and C(evidence)
+    (topology or P2P status not readable)."
+  - Fails only for findings whose kind is in O(fail_on) and whose cause class is not C(informational); the others are
+    returned and reported as warnings, one line per instance and kind with the GPU pairs compressed.
   - Can validate captured output (O(topo_file), O(p2p_file), O(lspci_file)) instead of running commands, for a
     support bundle.
 version_added: "0.1.0"
@@ -34,8 +40,11 @@ options:
     elements: raw
     default: []
   require_p2p:
-    description: Every pair in a group must report C(OK) in every mode of O(p2p_modes); otherwise
-      C(p2p_not_supported).
+    description:
+      - Every pair in a group should report C(OK) in every mode of O(p2p_modes).
+      - A pair that does not is C(p2p_unsupported_by_product) when the product or platform cannot do P2P there
+        (C(GNS); C(CNS)/C(TNS) on a C(SYS) pair), a warning unless that kind is in O(fail_on); otherwise
+        C(p2p_not_supported) with the fix (C(CNS), C(NS), C(DR), C(U) or C(TNS) inside a socket, or no status read).
     type: bool
     default: false
   worst_link_allowed:
@@ -46,21 +55,22 @@ options:
     default: SYS
     choices: [NV, PIX, PXB, PHB, NODE, SYS]
   fail_on:
-    description: Problem kinds that fail the task; other kinds only warn.
+    description:
+      - Finding kinds that fail the task; other kinds only warn. Findings of cause class C(informational) never fail.
+      - C(p2p_unsupported_by_product) is not in the default; add it to refuse rigs whose GPUs cannot do P2P at all.
     type: list
     elements: str
     default: [gpu_missing, link_worse_than_allowed, p2p_not_supported, acs_redirect, nccl_p2p_disabled,
       topology_unreadable]
-    choices: [gpu_missing, link_worse_than_allowed, p2p_not_supported, acs_redirect, iommu_split, nccl_p2p_disabled,
-              cross_numa, topology_unreadable]
+    choices: [gpu_missing, link_worse_than_allowed, p2p_not_supported, p2p_unsupported_by_product, acs_redirect,
+              iommu_split, nccl_p2p_disabled, cross_numa, topology_unreadable]
   topo_file:
     description: Read captured C(nvidia-smi topo -m) output from this file instead of running it. Pasted text is fine.
     type: path
   p2p_file:
     description:
       - Read captured C(nvidia-smi topo -p2p) output from this file instead of running it; it counts as the first
-        mode of
-        O(p2p_modes). Without it, and with O(topo_file) set, no P2P data is read.
+        mode of O(p2p_modes). Without it, and with O(topo_file) set, no P2P data is read.
     type: path
   p2p_modes:
     description: C(topo -p2p) modes to run (C(r) read, C(w) write, C(n) nvlink, C(a) atomics, C(p) prop).
@@ -81,8 +91,7 @@ options:
   gpu_bus_ids:
     description:
       - PCI bus ids of GPU0, GPU1, ... (as C(nvidia-smi) prints them). Needed to map ACS bridges and IOMMU groups to
-        GPUs
-        when reading captured files; otherwise read with C(nvidia-smi --query-gpu=index,pci.bus_id).
+        GPUs when reading captured files; otherwise read with C(nvidia-smi --query-gpu=index,pci.bus_id).
     type: list
     elements: str
   sysfs_root:
@@ -108,8 +117,8 @@ attributes:
     support: none
 notes:
   - Bridges above a GPU are found from the C(Bus:) ranges in C(lspci -vvv), else from the C(lspci -tv) tree, else
-    from the
-    sysfs device path under O(sysfs_root).
+    from the sysfs device path under O(sysfs_root).
+  - The parsers live in C(module_utils/nvidia_topology.py), the policy in C(module_utils/topology_gate.py).
   - Commands run with C(LC_ALL=C).
 seealso:
   - module: nvidia_gpu_facts
@@ -139,6 +148,12 @@ EXAMPLES = r"""
   gpu_topology:
     fail_on: [gpu_missing, p2p_not_supported, acs_redirect, nccl_p2p_disabled]
     env_files: [/etc/environment, /etc/rigops/vllm-main.env]
+
+- name: Refuse rigs whose GPUs cannot do P2P at all (GeForce on the stock driver)
+  gpu_topology:
+    require_p2p: true
+    fail_on: [gpu_missing, link_worse_than_allowed, p2p_not_supported, p2p_unsupported_by_product, acs_redirect,
+              nccl_p2p_disabled, topology_unreadable]
 """
 
 RETURN = r"""
@@ -207,23 +222,92 @@ verdicts:
       worst_pair: GPU0-GPU2
       p2p_ok: true
       p2p_by_mode: {r: true, w: true}
+      p2p_product_pairs: []
       numa_nodes: ["0"]
       problems: []
       passed: true
+  contains:
+    name:
+      description: The group's name (the vLLM instance's name).
+      type: str
+    gpus:
+      description: The group's GPU indices, sorted.
+      type: list
+      elements: int
+    worst_link:
+      description: Worst C(topo -m) link between two GPUs of the group; null if a link is unreadable or no pair.
+      type: str
+    worst_pair:
+      description: The pair with the worst link (the first unreadable one, if any); null for a group of one GPU.
+      type: str
+    p2p_ok:
+      description: Every pair reports C(OK) in every mode read; null when no P2P status was read.
+      type: bool
+    p2p_by_mode:
+      description: Per mode, whether every pair reports C(OK).
+      type: dict
+    p2p_product_pairs:
+      description: Pairs of the group on which the product or platform offers no P2P (cause class C(product)).
+      type: list
+      elements: str
+    numa_nodes:
+      description: NUMA nodes of the group's GPUs, as C(topo -m) prints them.
+      type: list
+      elements: str
+    problems:
+      description: The group's findings (same keys as RV(problems)).
+      type: list
+      elements: dict
+    passed:
+      description: False when a finding of the group is an error.
+      type: bool
 problems:
-  description: All problems, each with the GPU pair (or the group or single GPU it concerns), kind, cause, fix and
-    severity.
+  description:
+    - Every finding, one per GPU pair (or per GPU, group, or host), de-duplicated per instance.
+    - C(cause) is worded for the pair, C(summary) for every pair of the instance with the same finding
+      (C(problem_lines) groups on it).
   returned: always
   type: list
   elements: dict
+  contains:
+    instance:
+      description: Name of the GPU group (vLLM instance); null for host-wide findings.
+      type: str
+    kind:
+      description: What was found; one of the O(fail_on) choices.
+      type: str
+    pair:
+      description: C(GPU<i>-GPU<j>) (i < j), C(GPU<i>), C(GPU0,GPU1,...) for the group, or null for the host.
+      type: str
+    cause:
+      description: What was seen, for this pair.
+      type: str
+    summary:
+      description: What was seen, for every pair of the instance with this finding.
+      type: str
+    fix:
+      description: What to do.
+      type: str
+    cause_class:
+      description: Why, one of C(product), C(fixable), C(informational), C(layout), C(inventory), C(evidence).
+      type: str
+    severity:
+      description: C(error) when the kind is in O(fail_on) and the class is not C(informational), else C(warning).
+      type: str
   sample:
-    - kind: link_worse_than_allowed
-      pair: GPU0-GPU5
-      cause: GPU0 and GPU5 talk across the CPU socket interconnect (SYS), worse than allowed NODE
-      fix: pin the instance to GPUs on one NUMA node e.g. GPU0,GPU1,GPU2,GPU3 (NUMA 0) or GPU4,GPU5,GPU6,GPU7 (NUMA 1)
-      severity: error
+    - instance: main
+      kind: p2p_unsupported_by_product
+      pair: GPU0-GPU1
+      cause: "'nvidia-smi topo -p2p r' reports GNS for GPU0-GPU1"
+      summary: "'nvidia-smi topo -p2p r' reports GNS (GPU not supported): this GPU model offers no PCIe P2P on this
+        driver (GeForce cards on NVIDIA's stock driver); NCCL turns P2P off for these pairs and moves
+        tensor-parallel traffic through host memory (SHM): it works, at roughly half the tensor-parallel throughput"
+      fix: "nothing to set on this host; to limit the cost, keep tensor parallel inside one NUMA node and pipeline
+        parallel across nodes (...)"
+      cause_class: product
+      severity: warning
 passed:
-  description: False when any problem has severity C(error).
+  description: False when any finding has severity C(error).
   returned: always
   type: bool
   sample: true
@@ -243,12 +327,18 @@ nccl_env:
   type: dict
   sample: {/etc/environment: {NCCL_P2P_DISABLE: "1"}}
 problem_lines:
-  description: The problems as one readable line each, in the form pair, kind, severity, cause and fix.
+  description:
+    - The findings as readable lines, one per instance, kind and summary, with the GPU pairs compressed
+      (C(GPU0-GPU4), C(all pairs of GPU[0-7]), C(GPU[0-3] x GPU[4-7]), blocks such as C(GPU[0-1] x GPU[2-7]))
+      and their count.
+    - "Form: C([<instance>] <GPUs or pairs> <kind> [<severity>, <cause_class>]: <summary>. Fix: <fix>);
+      host-wide findings start with C([host]). Errors come before warnings."
   returned: always
   type: list
   elements: str
-  sample: ["GPU0-GPU1 nccl_p2p_disabled [error]: NCCL_P2P_DISABLE=1 in /etc/environment turns P2P off. Fix: remove
-    it"]
+  sample: ["[main] GPU[0-3] x GPU[4-7] (16 pairs) cross_numa [warning, layout]: the instance's GPUs sit on NUMA nodes
+    0, 1: traffic between them crosses the CPU socket interconnect. Fix: pin the instance to GPUs on one NUMA node
+    (...)"]
 parse_warnings:
   description: Cells the parser could not read (damaged, truncated or wrapped output).
   returned: always
@@ -261,12 +351,16 @@ parse_warnings:
 import os  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
-from ansible.module_utils.gpu_topology import (  # noqa: E402
-    DEFAULT_FAIL_ON,
+from ansible.module_utils.nvidia_smi import (  # noqa: E402
+    PARSE_ENV,
+    NvidiaSmiError,
+    find_nvidia_smi,
+    parse_query_gpu_csv,
+    read_captured,
+    run_nvidia_smi,
+)
+from ansible.module_utils.nvidia_topology import (  # noqa: E402
     LINK_CHOICES,
-    PROBLEM_KINDS,
-    evaluate_gate,
-    format_problems,
     link_rank,
     normalize_bdf,
     parse_env_file,
@@ -276,14 +370,7 @@ from ansible.module_utils.gpu_topology import (  # noqa: E402
     parse_topo_matrix,
     read_iommu_groups,
 )
-from ansible.module_utils.nvidia_smi import (  # noqa: E402
-    PARSE_ENV,
-    NvidiaSmiError,
-    find_nvidia_smi,
-    parse_query_gpu_csv,
-    read_captured,
-    run_nvidia_smi,
-)
+from ansible.module_utils.topology_gate import DEFAULT_FAIL_ON, PROBLEM_KINDS, evaluate_gate, format_problems  # noqa: E402
 
 
 def main():
@@ -426,8 +513,11 @@ def main():
     for line in format_problems([pr for pr in gate["problems"] if pr["severity"] == "warning"]):
         module.warn(line)
     if errors:
+        lines = format_problems(errors)
         module.fail_json(
-            msg="GPU topology gate failed: {} problem(s): {}".format(len(errors), " | ".join(format_problems(errors))),
+            msg="GPU topology gate failed: {} error(s) on {} line(s): {}".format(
+                len(errors), len(lines), " | ".join(lines)
+            ),
             **result,
         )
     module.exit_json(**result)

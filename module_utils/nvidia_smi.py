@@ -219,7 +219,7 @@ def parse_query_gpu_csv(text, fields=QUERY_GPU_FIELDS):
         if len(parts) != len(fields):
             continue
         row = {}
-        for name, value in zip(fields, parts, strict=False):
+        for name, value in zip(fields, parts):
             if name == "index":
                 if not value.isdigit():
                     row = None

@@ -166,3 +166,16 @@ def test_ansible_doc_renders_it(module_file):
     assert "ERROR" not in proc.stderr and "WARNING" not in proc.stderr, proc.stderr
     out = yaml.safe_load(proc.stdout)
     assert module_file.stem in out and out[module_file.stem]["doc"]["module"] == module_file.stem
+
+
+HOST_CODE = sorted((ROOT / "module_utils").glob("*.py")) + MODULES
+
+
+@pytest.mark.parametrize("path", HOST_CODE, ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_host_code_stays_python_38(path):
+    """Modules and module_utils run on the managed hosts (Python 3.8+: Ubuntu 20.04 and newer,
+    JetPack 5/6): no newer syntax, no zip(strict=) (3.10)."""
+    tree = ast.parse(path.read_text(), feature_version=(3, 8))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "zip":
+            assert not any(k.arg == "strict" for k in node.keywords), f"{path.name}: zip(strict=) needs Python 3.10"

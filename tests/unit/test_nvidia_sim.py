@@ -110,6 +110,7 @@ def host(tmp_path):
 
 EXPECTED = {  # profile: (GPUs nvidia-smi reports, memory.total, NICs)
     "rtx5090x8": (8, "32607 MiB", 0),
+    "rtx5090x8-p2p": (8, "32607 MiB", 0),
     "h100x8": (8, "81559 MiB", 4),
     "rtx5090x2": (2, "32607 MiB", 0),
     "broken": (7, "32607 MiB", 0),
@@ -398,7 +399,12 @@ def _p2p(text: str) -> list[list[str]]:
 def test_topo_p2p(host):
     h = host("rtx5090x8", ready=True)
     r = _p2p(h.smi("topo", "-p2p", "r").stdout)
-    assert r[0] == ["GPU0", "X", "OK", "OK", "OK", "GNS", "GNS", "GNS", "GNS"]
+    # the stock driver on GeForce cards: GNS on every pair (real captures p01, p02, t02)
+    assert r[0] == ["GPU0", "X"] + ["GNS"] * 7
+    p2p_driver = host("rtx5090x8-p2p", ready=True)
+    assert _p2p(p2p_driver.smi("topo", "-p2p", "r").stdout)[0] == (
+        ["GPU0", "X", "OK", "OK", "OK", "CNS", "CNS", "CNS", "CNS"]
+    )
     assert _p2p(h.smi("topo", "-p2p", "n").stdout)[0][2] == "NS"
     h100 = host("h100x8", ready=True)
     for cap in "rwna":
@@ -614,7 +620,7 @@ def test_p2p_legend_matches_a_real_capture(host):
 def test_emulated_topology_reads_like_a_real_capture(host, profile):
     """The parser that reads the real captures reads the emulator's output cleanly."""
     import ansible.module_utils  # noqa: F401  (tests/conftest.py adds module_utils/)
-    from ansible.module_utils.gpu_topology import parse_p2p_matrix, parse_topo_matrix
+    from ansible.module_utils.nvidia_topology import parse_p2p_matrix, parse_topo_matrix
 
     h = host(profile, ready=True)
     topo = parse_topo_matrix(h.smi("topo", "-m").stdout)

@@ -73,7 +73,10 @@ def test_8_gpu_group_across_numa_with_p2p_required_fails(host):
     assert rc != 0
     line = report_line(out, "topo-5090")
     assert "FAIL" in line
-    assert "GPU0-GPU4" in line  # a pair across the two NUMA nodes
+    # the pairs across the two NUMA nodes, grouped in one line
+    assert "GPU[0-3] x GPU[4-7] (16 pairs) link_worse_than_allowed [error, layout]" in line
+    # the stock GeForce driver offers no P2P: a warning that says what it costs
+    assert "p2p_unsupported_by_product [warning, product]" in line
     assert "SYS" in line
     assert "NUMA" in line  # the fix: pin the instance to one node's GPUs
 

@@ -10,7 +10,7 @@ import pytest
 
 ROOT = os.environ["MOLECULE_PROJECT_DIRECTORY"]
 ansible.module_utils.__path__.append(os.path.join(ROOT, "module_utils"))
-from ansible.module_utils.gpu_topology import parse_p2p_matrix, parse_topo_matrix  # noqa: E402
+from ansible.module_utils.nvidia_topology import parse_p2p_matrix, parse_topo_matrix  # noqa: E402
 
 RIGS = {"sb-5090", "sb-h100"}
 

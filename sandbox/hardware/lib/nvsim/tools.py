@@ -161,7 +161,15 @@ def lspci_main(argv: list[str]) -> int:
             if d.kind in ("root_port", "switch_upstream", "switch_downstream"):
                 kids = [c for c in prof.pci.values() if c.parent == bdf]
                 buses = sorted({int(c.bdf.split(":")[1], 16) for c in kids}) or [0]
-                sub_max = max(buses)
+                # a bridge forwards its whole subtree: subordinate is the highest bus below it
+                below, todo = set(buses), [c.bdf for c in kids]
+                while todo:
+                    parent = todo.pop()
+                    for c in prof.pci.values():
+                        if c.parent == parent:
+                            below.add(int(c.bdf.split(":")[1], 16))
+                            todo.append(c.bdf)
+                sub_max = max(below)
                 prim = bdf.split(":")[1]
                 out.append(f"\tBus: primary={prim}, secondary={buses[0]:02x}, subordinate={sub_max:02x}, sec-latency=0")
             if d.kind != "host_bridge":

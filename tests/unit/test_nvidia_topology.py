@@ -1,9 +1,11 @@
-"""Parsers of module_utils/gpu_topology.py, tested on real captures (tests/fixtures/nvidia-smi/real)."""
+"""Parsers of module_utils/nvidia_topology.py, tested on real captures (tests/fixtures/nvidia-smi/real)."""
 
 import os
 
 import pytest
-from ansible.module_utils.gpu_topology import (
+from ansible.module_utils.nvidia_topology import (
+    env_truthy,
+    link_nccl_level,
     link_rank,
     nccl_level,
     normalize_bdf,
@@ -431,3 +433,18 @@ def test_link_rank_order():
         link_rank(c) for c in ("NV18", "PIX", "PXB", "PHB", "NODE", "SYS")
     )
     assert link_rank("SOC") == link_rank("SYS") < link_rank(None)
+
+
+@pytest.mark.parametrize(
+    "code,level", [("NV18", 1), ("NV4", 1), ("PIX", 2), ("PXB", 3), ("PHB", 4), ("NODE", 4), ("SYS", 5), ("SOC", 5)]
+)
+def test_link_nccl_level(code, level):
+    assert link_nccl_level(code) == level
+    # an unreadable link needs the most permissive level
+    assert link_nccl_level(None) == 5
+
+
+@pytest.mark.parametrize("value,on", [("1", True), ("TRUE", True), (" yes ", True), ("0", False), ("", False)])
+def test_env_truthy(value, on):
+    assert env_truthy(value) is on
+    assert env_truthy(None) is False

@@ -1,8 +1,8 @@
 # Copyright: rigops contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Parsers for GPU topology evidence and the topology gate policy.
+"""Parsers and readers of GPU topology evidence: plain functions, plain data in and out.
 
-Plain functions, plain data in and out, no AnsibleModule:
+No AnsibleModule and no policy here (the gate is ``topology_gate``):
 
 * ``parse_topo_matrix``  - ``nvidia-smi topo -m`` as printed or as pasted by people
 * ``parse_p2p_matrix``   - ``nvidia-smi topo -p2p r|w|n|a|p``
@@ -11,7 +11,8 @@ Plain functions, plain data in and out, no AnsibleModule:
 * ``upstream_bridges``   - bridges above a device (from bus ranges, tree or sysfs)
 * ``read_iommu_groups``  - ``<sysfs_root>/kernel/iommu_groups/<n>/devices/<bdf>``
 * ``parse_env_file``     - systemd EnvironmentFile / /etc/environment syntax
-* ``evaluate_gate``      - verdict per GPU group and the problem list
+* ``nccl_level`` / ``link_nccl_level`` - NCCL_P2P_LEVEL values and the level a link needs
+* ``normalize_bdf``, ``pair_key``, ``link_rank`` - the keys and the order the gate uses
 
 How bridges "above a GPU" are found (documented approach): a PCI bridge routes the
 bus numbers ``secondary..subordinate`` of its ``Bus:`` line in ``lspci -vvv``; a
@@ -19,6 +20,8 @@ bridge is upstream of a GPU when the GPU's bus lies in that range (same domain).
 When ``lspci -vvv`` lacks ``Bus:`` lines, the ``lspci -t`` tree or the sysfs path
 ``/sys/bus/pci/devices/<bdf>`` (a symlink whose path lists every bridge from the root
 port down: ``/sys/devices/pci0000:00/0000:00:01.1/0000:01:00.0``) gives the chain.
+
+Runs on managed hosts: Python 3.8 compatible.
 """
 
 import os
@@ -28,24 +31,6 @@ import re
 LINK_ORDER = ("NV", "PIX", "PSB", "PXB", "PHB", "NODE", "SYS")
 LINK_CHOICES = ("NV", "PIX", "PXB", "PHB", "NODE", "SYS")
 P2P_CODES = ("OK", "CNS", "GNS", "TNS", "NS", "DR", "U")
-PROBLEM_KINDS = (
-    "gpu_missing",
-    "link_worse_than_allowed",
-    "p2p_not_supported",
-    "acs_redirect",
-    "iommu_split",
-    "nccl_p2p_disabled",
-    "cross_numa",
-    "topology_unreadable",
-)
-DEFAULT_FAIL_ON = (
-    "gpu_missing",
-    "link_worse_than_allowed",
-    "p2p_not_supported",
-    "acs_redirect",
-    "nccl_p2p_disabled",
-    "topology_unreadable",
-)
 TRAILING_COLUMNS = ("CPU Affinity", "NUMA Affinity", "GPU NUMA ID")
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\[[0-9]{1,2}(?:;[0-9]{1,2})*m")
@@ -98,7 +83,7 @@ def _header_at(line):
         return None
     rest = line[m.start() :]
     after = rest[4:].lstrip()
-    if re.match(r"^(GPU1(?![0-9])|NIC\d|mlx\d|CPU Affinity)", after) or (after == "" and False):
+    if re.match(r"^(GPU1(?![0-9])|NIC\d|mlx\d|CPU Affinity)", after):
         return rest
     return None
 
@@ -146,6 +131,11 @@ def _blocks(lines):
             j += 1
         yield i, devices, trailing, rows, order
         i = j if j > i + 1 else i + 1
+
+
+def _row(devices, cells):
+    """{device: cell} for the cells read; a short (damaged) row maps the first devices only."""
+    return {devices[k]: cells[k] for k in range(min(len(devices), len(cells)))}
 
 
 def _read_cells(rest, count, cell_re):
@@ -226,7 +216,7 @@ def parse_topo_matrix(text):
         cells, remainder = _read_cells(rest, len(devices), _LINK_CELL)
         if len(cells) < len(devices):
             warnings.append(f"row {label}: read {len(cells)} of {len(devices)} cells (damaged or wrapped line)")
-        matrix[label] = dict(zip(devices, cells, strict=False))
+        matrix[label] = _row(devices, cells)
         if label in gpus:
             values = remainder.split()
             for col_i, col in enumerate(trailing):
@@ -295,7 +285,7 @@ def parse_p2p_matrix(text):
             cells, _ = _read_cells(rest, len(devices), _P2P_CELL)
             if len(cells) < len(devices):
                 result["warnings"].append(f"row {label}: read {len(cells)} of {len(devices)} cells")
-            matrix[label] = dict(zip(devices, cells, strict=False))
+            matrix[label] = _row(devices, cells)
         indices = sorted(int(g[3:]) for g in gpus)
         for a_pos, a in enumerate(indices):
             for b in indices[a_pos + 1 :]:
@@ -529,7 +519,7 @@ def parse_env_file(text):
     return env
 
 
-_TRUTHY = ("1", "true", "yes", "on", "y")
+TRUTHY = ("1", "true", "yes", "on", "y")
 _NCCL_LEVELS = {"LOC": 0, "NVL": 1, "PIX": 2, "PXB": 3, "PHB": 4, "SYS": 5}
 _LINK_TO_NCCL = {"NV": 1, "PIX": 2, "PSB": 2, "PXB": 3, "PHB": 4, "NODE": 4, "SYS": 5}
 
@@ -544,351 +534,19 @@ def nccl_level(value):
     return _NCCL_LEVELS.get(v)
 
 
-# -------------------------------------------------------------------------- gate
+def link_nccl_level(code):
+    """The NCCL_P2P_LEVEL a ``topo -m`` link needs for NCCL to use P2P on it (NV# -> 1 ... SYS -> 5).
 
-P2P_FIXES = {
-    "CNS": (
-        "the chipset/BIOS blocks P2P: disable ACS (and IOMMU or set iommu=pt) in the BIOS, "
-        "or place the GPUs behind one PCIe switch"
-    ),
-    "GNS": (
-        "this GPU model does not offer PCIe P2P (consumer GeForce cards): use GPUs linked by NVLink, "
-        "or serve with a smaller tensor_parallel_size / pipeline parallelism"
-    ),
-    "TNS": "the slot topology does not allow P2P: move the cards into slots under one CPU root complex or PCIe switch",
-    "NS": "P2P not supported on this path: check ACS (BIOS: ACS off), IOMMU (iommu=pt) and the driver branch",
-    "DR": (
-        "P2P disabled by a driver registry key: remove the NVreg_* P2P override from /etc/modprobe.d "
-        "and rebuild the initramfs"
-    ),
-    "U": "P2P status unknown: the GPU may be in an error state; check 'nvidia-smi -q' and 'dmesg | grep -i xid'",
-}
-
-
-def _numa_of(topo, gpu):
-    value = (topo.get("numa_affinity") or {}).get(gpu)
-    return value
-
-
-def _numa_split_hint(topo, gpus):
-    by_node = {}
-    for g in gpus:
-        node = _numa_of(topo, g)
-        if node is not None:
-            by_node.setdefault(node, []).append(g)
-    if not by_node:
-        return ""
-    parts = ["{} (NUMA {})".format(",".join(v), k) for k, v in sorted(by_node.items())]
-    return " e.g. " + " or ".join(parts)
-
-
-def _problem(kind, pair, cause, fix, fail_on):
-    return {
-        "kind": kind,
-        "pair": pair,
-        "cause": cause,
-        "fix": fix,
-        "severity": "error" if kind in fail_on else "warning",
-    }
-
-
-def _group_label(gpus):
-    return ",".join(f"GPU{g}" for g in gpus)
-
-
-def _normalize_groups(groups, gpu_count):
-    out = []
-    for pos, grp in enumerate(groups or []):
-        if isinstance(grp, dict):
-            name = grp.get("name") or f"group{pos}"
-            gpus = grp.get("gpus") or []
-        else:
-            name = f"group{pos}"
-            gpus = grp
-        out.append({"name": str(name), "gpus": sorted(set(int(g) for g in gpus))})
-    if not out and gpu_count:
-        out.append({"name": "all", "gpus": list(range(gpu_count))})
-    return out
-
-
-def evaluate_gate(
-    topo,
-    p2p_by_mode=None,
-    groups=None,
-    expected_gpus=None,
-    require_p2p=False,
-    worst_link_allowed="SYS",
-    fail_on=DEFAULT_FAIL_ON,
-    lspci=None,
-    tree=None,
-    gpu_bus_ids=None,
-    iommu_groups=None,
-    env_by_file=None,
-    sysfs_root=None,
-):
-    """Apply the topology policy.
-
-    ``groups`` is a list of GPU index lists or of ``{name, gpus}`` dicts (the GPUs one
-    vLLM instance uses); with none, all GPUs form one group. Returns ``{verdicts,
-    problems, passed}``: one verdict per group ``{name, gpus, worst_link, worst_pair,
-    p2p_ok, p2p_by_mode, numa_nodes, problems, passed}`` and the de-duplicated list of
-    all problems, each ``{kind, pair, cause, fix, severity}``; ``severity`` is
-    ``error`` when ``kind`` is in ``fail_on``. ``passed`` is False when any problem is
-    an error.
+    Unknown or unreadable links count as SYS (5).
     """
-    fail_on = tuple(fail_on or ())
-    p2p_by_mode = p2p_by_mode or {}
-    gpu_count = topo.get("gpu_count", 0) if topo else 0
-    allowed_rank = link_rank(worst_link_allowed or "SYS")
-    problems = []
-    verdicts = []
-
-    if topo is None or not topo.get("found"):
-        problems.append(
-            _problem(
-                "topology_unreadable",
-                None,
-                "no 'nvidia-smi topo -m' matrix could be read",
-                "check that nvidia-smi works on the host, or pass the full 'nvidia-smi topo -m' output as topo_file",
-                fail_on,
-            )
-        )
-        topo = topo or {"links": {}, "gpu_count": 0}
-    if expected_gpus is not None and gpu_count != int(expected_gpus):
-        problems.append(
-            _problem(
-                "gpu_missing",
-                None,
-                f"expected {int(expected_gpus)} GPUs, nvidia-smi shows {gpu_count}",
-                "check that every card is seated and powered ('lspci | grep -i nvidia', "
-                "'dmesg | grep -i -e nvrm -e xid'); if the inventory is wrong, fix the expected GPU count",
-                fail_on,
-            )
-        )
-
-    # environment: NCCL_P2P_DISABLE / NCCL_P2P_LEVEL in the files the service sees
-    nccl_disable = []
-    nccl_level_set = []
-    for path, env in sorted((env_by_file or {}).items()):
-        if str(env.get("NCCL_P2P_DISABLE", "")).strip().lower() in _TRUTHY:
-            nccl_disable.append((path, env["NCCL_P2P_DISABLE"]))
-        lvl = nccl_level(env.get("NCCL_P2P_LEVEL"))
-        if lvl is not None:
-            nccl_level_set.append((path, env["NCCL_P2P_LEVEL"], lvl))
-
-    # ACS: which bridges redirect, and which GPUs sit under them
-    bus_ids = {}
-    for idx, bus in enumerate(gpu_bus_ids or []):
-        if bus:
-            bus_ids[idx] = normalize_bdf(bus)
-    redirecting = sorted(d for d, info in ((lspci or {}).get("devices") or {}).items() if info.get("acs_redirect"))
-    orphan_redirects = [f for f in ((lspci or {}).get("orphan_acs") or []) if acs_redirects(f)]
-    gpu_redirect = {}
-    for idx, bdf in bus_ids.items():
-        ups = upstream_bridges(bdf, lspci=lspci, tree=tree, sysfs_root=sysfs_root)
-        hits = [b for b in ups if b in redirecting]
-        if hits:
-            gpu_redirect[idx] = hits
-
-    for grp in _normalize_groups(groups, gpu_count):
-        gpus = grp["gpus"]
-        gprobs = []
-        label = _group_label(gpus)
-        present = [g for g in gpus if g < gpu_count]
-        for g in gpus:
-            if g >= gpu_count:
-                gprobs.append(
-                    _problem(
-                        "gpu_missing",
-                        f"GPU{g}",
-                        "instance {} uses GPU{} but the host shows {} GPU(s) (GPU0..GPU{})".format(
-                            grp["name"], g, gpu_count, max(gpu_count - 1, 0)
-                        ),
-                        "check that the card is seated and powered ('lspci | grep -i nvidia', 'dmesg | grep -i nvrm'), "
-                        "or change the instance's gpus to existing indices",
-                        fail_on,
-                    )
-                )
-        worst, worst_pair = None, None
-        pairs = [(a, b) for pos, a in enumerate(present) for b in present[pos + 1 :]]
-        numa_nodes = sorted(set(n for n in (_numa_of(topo, f"GPU{g}") for g in present) if n is not None))
-        for a, b in pairs:
-            key = pair_key(a, b)
-            code = topo.get("links", {}).get(key)
-            if worst is None or link_rank(code) > link_rank(worst):
-                worst, worst_pair = code, key
-            if link_rank(code) > allowed_rank:
-                if code is None:
-                    cause = f"the link between GPU{a} and GPU{b} could not be read from 'nvidia-smi topo -m'"
-                    fix = "capture the full, untruncated 'nvidia-smi topo -m' output"
-                elif code in ("SYS", "SOC"):
-                    cause = (
-                        f"GPU{a} and GPU{b} talk across the CPU socket interconnect ({code}), "
-                        f"worse than allowed {worst_link_allowed}"
-                    )
-                    fix = "pin the instance to GPUs on one NUMA node{}, or move the cards into slots of one CPU".format(
-                        _numa_split_hint(topo, [f"GPU{g}" for g in present])
-                    )
-                else:
-                    cause = f"GPU{a}-GPU{b} link is {code}, worse than allowed {worst_link_allowed}"
-                    fix = (
-                        "slot placement: put the cards under one PCIe switch or root port (PIX/PXB), "
-                        f"or raise worst_link_allowed if {code} is acceptable"
-                    )
-                gprobs.append(_problem("link_worse_than_allowed", key, cause, fix, fail_on))
-            na, nb = _numa_of(topo, f"GPU{a}"), _numa_of(topo, f"GPU{b}")
-            if na is not None and nb is not None and na != nb:
-                gprobs.append(
-                    _problem(
-                        "cross_numa",
-                        key,
-                        f"GPU{a} is on NUMA node {na} and GPU{b} on NUMA node {nb}",
-                        "pin the instance to GPUs on one NUMA node{}".format(
-                            _numa_split_hint(topo, [f"GPU{g}" for g in present])
-                        ),
-                        fail_on,
-                    )
-                )
-            if require_p2p:
-                for mode, status in sorted(p2p_by_mode.items()):
-                    st = (status or {}).get(key)
-                    if st != "OK":
-                        gprobs.append(
-                            _problem(
-                                "p2p_not_supported",
-                                key,
-                                "'nvidia-smi topo -p2p {}' reports {} for GPU{}-GPU{}".format(
-                                    mode, st or "nothing", a, b
-                                ),
-                                P2P_FIXES.get(st, f"capture 'nvidia-smi topo -p2p {mode}' for these GPUs"),
-                                fail_on,
-                            )
-                        )
-                        break
-            for g in (a, b):
-                if g in gpu_redirect:
-                    gprobs.append(
-                        _problem(
-                            "acs_redirect",
-                            key,
-                            "ACS redirects peer traffic on bridge(s) {} above GPU{} (ReqRedir+/CmpltRedir+)".format(
-                                ", ".join(gpu_redirect[g]), g
-                            ),
-                            "BIOS: disable ACS (PCIe Access Control Services), or clear it at boot "
-                            "(setpci on the bridge ACS control register / pci=disable_acs_redir={})".format(
-                                ";".join(gpu_redirect[g])
-                            ),
-                            fail_on,
-                        )
-                    )
-                    break
-            if iommu_groups and a in bus_ids and b in bus_ids:
-                ga, gb = iommu_groups.get(bus_ids[a]), iommu_groups.get(bus_ids[b])
-                if ga is not None and gb is not None and ga != gb:
-                    gprobs.append(
-                        _problem(
-                            "iommu_split",
-                            key,
-                            f"GPU{a} ({bus_ids[a]}) is in IOMMU group {ga} and GPU{b} ({bus_ids[b]}) in group {gb}",
-                            "boot with iommu=pt (intel_iommu=on iommu=pt / amd_iommu=pt) or disable the IOMMU, and "
-                            "disable ACS in the BIOS so peer traffic is not forced through the root complex",
-                            fail_on,
-                        )
-                    )
-        if len(present) > 1:
-            if require_p2p and not p2p_by_mode:
-                gprobs.append(
-                    _problem(
-                        "p2p_not_supported",
-                        label,
-                        "P2P is required but no 'nvidia-smi topo -p2p' status was read for these GPUs",
-                        "run 'nvidia-smi topo -p2p r' on the host, or pass its captured output as p2p_file",
-                        fail_on,
-                    )
-                )
-            if (redirecting or orphan_redirects) and not gpu_redirect:
-                where = (
-                    ", ".join(redirecting)
-                    if redirecting
-                    else f"{len(orphan_redirects)} bridge(s) (unmapped grep output)"
-                )
-                if not bus_ids or orphan_redirects:
-                    gprobs.append(
-                        _problem(
-                            "acs_redirect",
-                            label,
-                            f"ACS redirect (ReqRedir+/CmpltRedir+) is on for {where}; "
-                            "the bridges could not be mapped to GPUs",
-                            "BIOS: disable ACS (PCIe Access Control Services); then "
-                            "'sudo lspci -vvv | grep ACSCtl' must show ReqRedir- CmpltRedir- on every bridge",
-                            fail_on,
-                        )
-                    )
-            for path, value in nccl_disable:
-                gprobs.append(
-                    _problem(
-                        "nccl_p2p_disabled",
-                        label,
-                        f"NCCL_P2P_DISABLE={value} in {path} turns P2P off for every GPU pair",
-                        f"remove NCCL_P2P_DISABLE from {path} and restart the service",
-                        fail_on,
-                    )
-                )
-            for path, value, lvl in nccl_level_set:
-                need = max(
-                    [
-                        _LINK_TO_NCCL.get("NV" if (c or "").startswith("NV") else c, 5)
-                        for c in [topo.get("links", {}).get(pair_key(a, b)) for a, b in pairs]
-                    ]
-                    or [0]
-                )
-                if lvl < need:
-                    gprobs.append(
-                        _problem(
-                            "nccl_p2p_disabled",
-                            label,
-                            f"NCCL_P2P_LEVEL={value} in {path} is stricter than the worst link {worst} "
-                            "in this group, so NCCL will not use P2P there",
-                            f"remove NCCL_P2P_LEVEL from {path} (NCCL picks the level from the topology)",
-                            fail_on,
-                        )
-                    )
-        p2p_ok_by_mode = {}
-        for mode, status in sorted(p2p_by_mode.items()):
-            vals = [(status or {}).get(pair_key(a, b)) for a, b in pairs]
-            p2p_ok_by_mode[mode] = all(v == "OK" for v in vals) if pairs else True
-        verdicts.append(
-            {
-                "name": grp["name"],
-                "gpus": gpus,
-                "worst_link": worst,
-                "worst_pair": worst_pair,
-                "p2p_ok": (all(p2p_ok_by_mode.values()) if p2p_ok_by_mode else None),
-                "p2p_by_mode": p2p_ok_by_mode,
-                "numa_nodes": numa_nodes,
-                "problems": gprobs,
-                "passed": not any(p["severity"] == "error" for p in gprobs),
-            }
-        )
-        problems.extend(gprobs)
-
-    seen = set()
-    unique = []
-    for p in problems:
-        k = (p["kind"], p["pair"], p["cause"])
-        if k not in seen:
-            seen.add(k)
-            unique.append(p)
-    return {
-        "verdicts": verdicts,
-        "problems": unique,
-        "passed": not any(p["severity"] == "error" for p in unique),
-    }
+    code = (code or "").upper()
+    if code.startswith("NV"):
+        code = "NV"
+    if code == "SOC":
+        code = "SYS"
+    return _LINK_TO_NCCL.get(code, 5)
 
 
-def format_problems(problems):
-    """One line per problem: '<pair> <kind>: <cause>. Fix: <fix>'."""
-    return [
-        "{} {} [{}]: {}. Fix: {}".format(p.get("pair") or "host", p["kind"], p["severity"], p["cause"], p["fix"])
-        for p in problems
-    ]
+def env_truthy(value):
+    """True for the values NCCL and systemd read as on: 1, true, yes, on, y (any case)."""
+    return str(value if value is not None else "").strip().lower() in TRUTHY
