@@ -297,7 +297,7 @@ def services() -> list[Service]:
             name="repo",
             port=8080,
             host_port=18080,
-            build=[py, str(SANDBOX / "nvidia" / "build_repo.py"), "--out", str(CACHE / "nvidia-repo")],
+            build=[py, str(SANDBOX / "driver_repo" / "build_repo.py"), "--out", str(CACHE / "nvidia-repo")],
             command=http_server(8080),
         ),
         Service(

@@ -21,8 +21,8 @@ import yaml
 ROOT = Path(__file__).resolve().parents[2]
 SANDBOX = ROOT / "sandbox"
 HW = SANDBOX / "hardware"
-SMI = SANDBOX / "nvidia" / "nvidia-smi"
-PERSISTENCED = SANDBOX / "nvidia" / "nvidia-persistenced"
+SMI = SANDBOX / "driver_repo" / "nvidia-smi"
+PERSISTENCED = SANDBOX / "driver_repo" / "nvidia-persistenced"
 PROFILES = SANDBOX / "profiles"
 KREL = "6.1.0-nvsim-test"
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-BUILD = ROOT / "sandbox" / "nvidia" / "build_repo.py"
+BUILD = ROOT / "sandbox" / "driver_repo" / "build_repo.py"
 HW = ROOT / "sandbox" / "hardware"
 PROFILES = ROOT / "sandbox" / "profiles"
 UV = {"590": "590.48.01-0ubuntu0.24.04.1", "595": "595.45.04-0ubuntu0.24.04.1"}

@@ -23,7 +23,7 @@ import shutil
 import subprocess
 import sys
 
-from . import kmod, paths, tools
+from . import commands, kmod, paths
 from .profile import ProfileError, load
 
 TOOLS = {
@@ -248,7 +248,7 @@ def install(hw_dir: str, run_boot: bool = True) -> Changes:
             subprocess.run(["systemctl", "daemon-reload"], check=False)
     booted = paths.p(os.path.join(paths.RUN, "booted"))
     if run_boot and not os.path.exists(booted):
-        tools.boot_main([])
+        commands.boot_main([])
         ch.add("boot-time module loading")
     return ch
 

@@ -433,7 +433,7 @@ def build_deb(pkg: Pkg, outdir: str) -> str:
         files = dict(pkg.files)
         files.setdefault(
             f"/usr/share/doc/{pkg.name}/README.rigops",
-            (f"{pkg.name} {pkg.version}: rigops sandbox stand-in (sandbox/nvidia/README.md).\n".encode(), 0o644),
+            (f"{pkg.name} {pkg.version}: rigops sandbox stand-in (sandbox/driver_repo/README.md).\n".encode(), 0o644),
         )
         for path, (data, mode) in files.items():
             full = os.path.join(root, path.lstrip("/"))
