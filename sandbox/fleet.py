@@ -23,6 +23,8 @@ not trusted on first use). Podman runs with the project's ``CONTAINERS_CONF`` on
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -53,6 +55,32 @@ SSH_USER = "rigops"
 
 class FleetError(Exception):
     """A failure with a message that says what to do."""
+
+
+_HELD: dict[str, int] = {}
+
+
+@contextlib.contextmanager
+def fleet_lock(name: str):
+    """An exclusive lock across processes (the test runner's lanes call `up` at once), held
+    while shared things are made: the image, a stage snapshot, the network, the services,
+    the key pair, the known_hosts file. Re-entrant within one process."""
+    if _HELD.get(name):
+        _HELD[name] += 1
+        try:
+            yield
+        finally:
+            _HELD[name] -= 1
+        return
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / f".lock-{name}", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        _HELD[name] = 1
+        try:
+            yield
+        finally:
+            _HELD[name] = 0
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def yaml_load(path: Path):
@@ -94,6 +122,11 @@ def packages() -> list[str]:
 
 
 def build_image() -> str:
+    with fleet_lock("image"):
+        return _build_image()
+
+
+def _build_image() -> str:
     tag = image_tag()
     if podman("image", "exists", tag, check=False).returncode == 0:
         log(f"image {tag}: cached")
@@ -191,6 +224,11 @@ def stage_image(name: str) -> str:
 def build_snapshot(name: str) -> str:
     """The stage's image, built when its recipe changed: a host made for it, the stage's
     playbook run on it over SSH as on any rig, the host stopped and committed."""
+    with fleet_lock(f"stage-{name}"):
+        return _build_snapshot(name)
+
+
+def _build_snapshot(name: str) -> str:
     tag = stage_image(name)
     if podman("image", "exists", tag, check=False).returncode == 0:
         log(f"stage {name} {tag}: cached")
@@ -622,6 +660,11 @@ def host_key(host: Host, timeout: float = 30) -> str:
 
 def record_known_hosts(entries: dict[str, str]) -> None:
     """Replace the lines of these hosts in the sandbox known_hosts file, keep the others."""
+    with fleet_lock("known_hosts"):
+        _record_known_hosts(entries)
+
+
+def _record_known_hosts(entries: dict[str, str]) -> None:
     path = STATE / "known_hosts"
     lines = path.read_text().splitlines() if path.exists() else []
     keep = [ln for ln in lines if ln.split(" ", 1)[0] not in entries]
@@ -661,10 +704,11 @@ def up(hosts: list[Host], as_json: bool) -> None:
     base = build_image()
     # stage snapshots first: building one brings up (and removes) a host of its own
     images = {h.name: build_snapshot(h.stage) if h.stage else base for h in hosts}
-    ensure_network()
-    for svc in services():
-        ensure_service(svc, base)
-    key = ensure_keypair()
+    with fleet_lock("shared"):
+        ensure_network()
+        for svc in services():
+            ensure_service(svc, base)
+        key = ensure_keypair()
     pubkey = Path(f"{key}.pub").read_text()
     ports = {}
     for host in hosts:

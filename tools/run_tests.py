@@ -1,21 +1,27 @@
 #!/usr/bin/env python3
-"""Run every test of the project, in order, and print how long each step took.
+"""Run every test of the project and print how long each step took.
 
     ./rigops test                      everything
     ./rigops test --only lint,unit     some stages (lint, unit, image, molecule, integration)
     ./rigops test --scenario sandbox   one Molecule scenario (repeatable)
-    ./rigops test --keep-going         run the next stages after a failure
+    ./rigops test --lanes 1            the sandbox stages one after the other
+    ./rigops test --keep-going         run the next steps after a failure
 
 Stages: lint (yamllint, ansible-lint profile production, ruff), unit (pytest), image
-(sandbox host image, cached by recipe), molecule (each scenario under molecule/, in the
-order a rig goes through the roles, each phase of Molecule's test sequence as read from
-.config/molecule/config.yml or the scenario's own molecule.yml), integration (pytest
-tests/integration against the sandbox services).
+(sandbox host image, cached by recipe), then the sandbox stages: Molecule scenarios (each
+phase of Molecule's test sequence as read from .config/molecule/config.yml or the
+scenario's own molecule.yml is a step) and integration (pytest tests/integration).
 
-The end of the output: why a step failed (if one did), the time of every step and of
-every scenario, the total against the suite's budget (35 minutes with warm caches, 50
-on a fresh machine, on 2 cores), and the count of passed and failed steps. The same
-figures go to reports/test-timings.json.
+The sandbox stages run in two lanes at once (LANES): most of their time is spent waiting
+on hosts (package installs, reboots, vLLM loading a model), so two lanes share the two
+cores better than one. Each step's output is printed whole when the step ends. Lanes
+hold scenarios that do not share hosts; the ones that count the hub stand-in's requests
+(model_weights) share a lane with the others that download from it.
+
+The end of the output: why a step failed (if one did), the time of every step, scenario
+and lane, the total against the suite's budget (35 minutes with warm caches, 50 on a
+fresh machine, on 2 cores), and the count of passed and failed steps. The same figures go
+to reports/test-timings.json.
 """
 
 from __future__ import annotations
@@ -28,44 +34,66 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 STAGES = ["lint", "unit", "image", "molecule", "integration"]
-# Scenarios in the order a rig goes through the roles: a scenario that starts from a
-# cached stage snapshot (sandbox/fleet.py) finds it made by the one before it.
-SCENARIO_ORDER = ["sandbox", "nvidia_driver", "gpu_topology", "vllm_runtime", "model_weights", "vllm_service", "site"]
+# The sandbox stages, two lanes run side by side; each lane in the order a rig goes
+# through the roles (a scenario that starts from a stage snapshot finds it cached, or
+# sandbox/fleet.py builds it). Scenarios not listed run at the end of the shorter lane.
+LANES = [
+    ["sandbox", "driver_topology", "vllm_runtime", "integration"],
+    ["model_weights", "vllm_service", "site"],
+]
 # Budget of the whole run on 2 cores (issue: the suite budget).
 BUDGET_WARM_S = 35 * 60
 BUDGET_FRESH_S = 50 * 60
 TIMINGS_FILE = ROOT / "reports" / "test-timings.json"
 # lines worth repeating at the end when a step fails: CI shows only the tail of the output
 WHY = re.compile(r"fatal:|failed:|\[ERROR\]|ERROR|CRITICAL|Traceback|^E |FAILED|msg:|AssertionError|Error:")
+PRINT = threading.Lock()
 
 
-def run_step(cmd: list[str], env: dict[str, str]) -> tuple[bool, list[str]]:
-    """Run one step, streaming its output; return success and the lines that say why it failed."""
-    proc = subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace"
-    )
-    why: collections.deque[str] = collections.deque(maxlen=40)
-    last: collections.deque[str] = collections.deque(maxlen=15)
-    for line in proc.stdout:
-        sys.stdout.write(line)
-        line = line.rstrip()
-        last.append(line)
-        if WHY.search(line) and "glob failed" not in line:
-            why.append(line[:400])
-    ok = proc.wait() == 0
-    return ok, [*why, "  ...", *last]
+@dataclass
+class Step:
+    stage: str
+    name: str
+    cmd: list[str]
+    lane: int = 0
+    seconds: float = 0.0
+    ok: bool | None = None  # None: not run
+    why: list[str] = field(default_factory=list)
+
+
+def run_step(step: Step, env: dict[str, str]) -> None:
+    """Run one step; print its output whole when it ends (lanes run at once); keep why it failed."""
+    start = time.monotonic()
+    proc = subprocess.run(
+        step.cmd, check=False, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        errors="replace",
+    )  # fmt: skip
+    step.seconds = time.monotonic() - start
+    step.ok = proc.returncode == 0
+    lines = proc.stdout.splitlines()
+    if not step.ok:
+        why = [ln[:400] for ln in lines if WHY.search(ln) and "glob failed" not in ln][-40:]
+        step.why = [*why, "  ...", *lines[-15:]]
+    with PRINT:
+        lane = f" (lane {step.lane + 1})" if step.stage in ("molecule", "integration") else ""
+        print(f"\n===== [{step.stage}] {step.name}{lane}: {' '.join(step.cmd)}", flush=True)
+        print(proc.stdout, end="" if proc.stdout.endswith("\n") else "\n")
+        print(f"===== [{step.stage}] {step.name}: {'ok' if step.ok else 'FAILED'} in {step.seconds:.1f}s", flush=True)
 
 
 def scenarios() -> list[str]:
     found = {p.parent.name for p in (ROOT / "molecule").glob("*/molecule.yml")}
-    return [s for s in SCENARIO_ORDER if s in found] + sorted(found - set(SCENARIO_ORDER))
+    laned = [s for lane in LANES for s in lane if s in found]
+    return laned + sorted(found - set(laned))
 
 
 def molecule_phases(scenario: str) -> list[str]:
@@ -95,40 +123,84 @@ def caches_warm() -> bool:
     return image and wheelhouse
 
 
-def steps(only: list[str], chosen: list[str]) -> list[tuple[str, str, list[str]]]:
+def serial_steps(only: list[str]) -> list[Step]:
     py = sys.executable
     plan = []
     if "lint" in only:
         plan += [
-            ("lint", "yamllint", ["yamllint", "--strict", "."]),
-            ("lint", "ansible-lint", ["ansible-lint", "--profile", "production"]),
-            ("lint", "ruff check", ["ruff", "check", "."]),
-            ("lint", "ruff format", ["ruff", "format", "--check", "."]),
+            Step("lint", "yamllint", ["yamllint", "--strict", "."]),
+            Step("lint", "ansible-lint", ["ansible-lint", "--profile", "production"]),
+            Step("lint", "ruff check", ["ruff", "check", "."]),
+            Step("lint", "ruff format", ["ruff", "format", "--check", "."]),
         ]
     if "unit" in only:
-        plan.append(("unit", "pytest tests/unit", [py, "-m", "pytest", "-q", "tests/unit"]))
+        plan.append(Step("unit", "pytest tests/unit", [py, "-m", "pytest", "-q", "tests/unit"]))
     if "image" in only:
-        plan.append(("image", "sandbox image", [py, "sandbox/fleet.py", "image"]))
-    if "molecule" in only:
-        for name in chosen or scenarios():
-            # One command per phase, so each phase's time shows; destroy runs at the end
-            # whatever happened (see main).
-            for phase in molecule_phases(name):
-                plan.append(("molecule", f"{name} {phase}", ["molecule", phase, "-s", name]))
-    if "integration" in only and (ROOT / "tests" / "integration").is_dir():
-        plan.append(("integration", "pytest tests/integration", [py, "-m", "pytest", "-q", "tests/integration"]))
+        plan.append(Step("image", "sandbox image", [py, "sandbox/fleet.py", "image"]))
     return plan
 
 
-def scenario_seconds(results) -> dict[str, float]:
+def lane_steps(only: list[str], chosen: list[str], lanes: int) -> list[list[Step]]:
+    """The sandbox stages' steps, per lane."""
+    py = sys.executable
+    if chosen:
+        layout = [list(chosen)]
+    else:
+        known = set(scenarios()) | {"integration"}
+        layout = [[item for item in lane if item in known] for lane in LANES]
+        extra = [s for s in scenarios() if not any(s in lane for lane in LANES)]
+        min(layout, key=len).extend(extra)
+        if lanes == 1:
+            layout = [[item for lane in layout for item in lane]]
+    out = []
+    for number, items in enumerate(layout):
+        steps = []
+        for item in items:
+            if item == "integration":
+                if "integration" in only and (ROOT / "tests" / "integration").is_dir():
+                    steps.append(
+                        Step("integration", "pytest tests/integration", [py, "-m", "pytest", "-q", "tests/integration"])
+                    )
+            elif "molecule" in only:
+                # One command per phase, so each phase's time shows; destroy runs at the end
+                # whatever happened (see run_lane).
+                steps += [
+                    Step("molecule", f"{item} {phase}", ["molecule", phase, "-s", item])
+                    for phase in molecule_phases(item)
+                ]
+        for step in steps:
+            step.lane = number
+        out.append(steps)
+    return [lane for lane in out if lane]
+
+
+class Run:
+    """Shared state of the run: after a failure, only clean-up steps (molecule destroy) run."""
+
+    def __init__(self, env: dict[str, str], keep_going: bool):
+        self.env = env
+        self.keep_going = keep_going
+        self.failed = threading.Event()
+
+    def run(self, steps: list[Step]) -> None:
+        for step in steps:
+            cleanup = step.cmd[:2] == ["molecule", "destroy"]
+            if self.failed.is_set() and not self.keep_going and not cleanup:
+                continue
+            run_step(step, self.env)
+            if not step.ok:
+                self.failed.set()
+
+
+def scenario_seconds(steps: list[Step]) -> dict[str, float]:
     per_scenario: dict[str, float] = collections.defaultdict(float)
-    for stage, name, secs, _ in results:
-        if stage == "molecule":
-            per_scenario[name.split()[0]] += secs
+    for step in steps:
+        if step.stage == "molecule":
+            per_scenario[step.name.split()[0]] += step.seconds
     return dict(per_scenario)
 
 
-def write_timings(results, total: float, budget: float, warm: bool, only: list[str]) -> None:
+def write_timings(steps, lanes, total: float, budget: float, warm: bool, only: list[str]) -> None:
     TIMINGS_FILE.parent.mkdir(parents=True, exist_ok=True)
     data = {
         "finished": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
@@ -139,14 +211,16 @@ def write_timings(results, total: float, budget: float, warm: bool, only: list[s
         "within_budget": total <= budget,
         "steps": [
             {
-                "stage": stage,
-                "name": name,
-                "seconds": round(secs, 1),
-                "status": "skipped" if ok is None else ("ok" if ok else "failed"),
+                "stage": s.stage,
+                "name": s.name,
+                "lane": s.lane + 1 if s.stage in ("molecule", "integration") else None,
+                "seconds": round(s.seconds, 1),
+                "status": "skipped" if s.ok is None else ("ok" if s.ok else "failed"),
             }
-            for stage, name, secs, ok in results
+            for s in steps
         ],
-        "scenarios": {k: round(v, 1) for k, v in scenario_seconds(results).items()},
+        "scenarios": {k: round(v, 1) for k, v in scenario_seconds(steps).items()},
+        "lanes_seconds": [round(x, 1) for x in lanes],
     }
     TIMINGS_FILE.write_text(json.dumps(data, indent=1) + "\n")
 
@@ -155,6 +229,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default=",".join(STAGES), help="comma-separated stages")
     parser.add_argument("--scenario", action="append", default=[], help="Molecule scenario to run")
+    parser.add_argument("--lanes", type=int, choices=[1, 2], default=2, help="sandbox lanes run at once")
     parser.add_argument("--keep-going", action="store_true")
     args = parser.parse_args()
     only = [s.strip() for s in args.only.split(",") if s.strip()]
@@ -167,43 +242,50 @@ def main() -> int:
     env = dict(os.environ, RIGOPS_INTEGRATION="1", PY_COLORS="0", ANSIBLE_FORCE_COLOR="0")
     warm = caches_warm()
     budget = BUDGET_WARM_S if warm else BUDGET_FRESH_S
-    results: list[tuple[str, str, float, bool | None]] = []
-    reasons: list[tuple[str, list[str]]] = []
-    failed_once = False
+    run = Run(env, args.keep_going)
     total = time.monotonic()
-    for stage, name, cmd in steps(only, args.scenario):
-        # after a failure, still clean up sandbox hosts (destroy) but run nothing else
-        cleanup = cmd[:2] == ["molecule", "destroy"]
-        if failed_once and not args.keep_going and not cleanup:
-            results.append((stage, name, 0.0, None))
-            continue
-        print(f"\n===== [{stage}] {name}: {' '.join(cmd)}", flush=True)
+
+    serial = serial_steps(only)
+    run.run(serial)
+    lanes = lane_steps(only, args.scenario, args.lanes)
+    lane_seconds = [0.0] * len(lanes)
+
+    def lane_worker(number: int, steps: list[Step]) -> None:
         start = time.monotonic()
-        ok, why = run_step(cmd, env)
-        results.append((stage, name, time.monotonic() - start, ok))
-        if not ok:
-            reasons.append((name, why))
-        failed_once |= not ok
+        run.run(steps)
+        lane_seconds[number] = time.monotonic() - start
+
+    threads = [threading.Thread(target=lane_worker, args=(n, steps)) for n, steps in enumerate(lanes)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
     elapsed = time.monotonic() - total
-    for name, why in reasons:
-        print(f"\n===== why '{name}' failed (lines picked from its output above)")
-        print("\n".join(why))
+    steps = serial + [s for lane in lanes for s in lane]
+
+    for step in steps:
+        if step.ok is False:
+            print(f"\n===== why '{step.name}' failed (lines picked from its output above)")
+            print("\n".join(step.why))
     print("\n===== timings")
-    for stage, name, secs, ok in results:
-        status = "skipped" if ok is None else ("ok" if ok else "FAILED")
-        print(f"  {stage:<12} {name:<32} {secs:7.1f}s  {status}")
-    for name, secs in scenario_seconds(results).items():
+    for step in steps:
+        status = "skipped" if step.ok is None else ("ok" if step.ok else "FAILED")
+        lane = f"lane {step.lane + 1}" if step.stage in ("molecule", "integration") else ""
+        print(f"  {step.stage:<12} {step.name:<32} {step.seconds:7.1f}s  {status:<8} {lane}")
+    for name, secs in scenario_seconds(steps).items():
         print(f"  {'scenario':<12} {name:<32} {secs:7.1f}s")
-    write_timings(results, elapsed, budget, warm, only)
+    for number, secs in enumerate(lane_seconds):
+        print(f"  {'lane':<12} {number + 1:<32} {secs:7.1f}s")
+    write_timings(steps, lane_seconds, elapsed, budget, warm, only)
     verdict = "within" if elapsed <= budget else "OVER"
     print(
         f"  {'total':<12} {'':<32} {elapsed:7.1f}s  = {elapsed / 60:.1f} min, {verdict} the budget of "
         f"{budget // 60} min ({'warm caches' if warm else 'fresh machine: images, wheelhouse or model built'})"
     )
     print(f"timings: {TIMINGS_FILE.relative_to(ROOT)}")
-    passed = sum(1 for r in results if r[3] is True)
-    failed = sum(1 for r in results if r[3] is False)
-    skipped = sum(1 for r in results if r[3] is None)
+    passed = sum(1 for s in steps if s.ok is True)
+    failed = sum(1 for s in steps if s.ok is False)
+    skipped = sum(1 for s in steps if s.ok is None)
     tail = f", {skipped} skipped" if skipped else ""
     print(f"steps: {passed} passed, {failed} failed{tail}")
     return 0 if failed == 0 else 1

@@ -8,7 +8,7 @@ import pytest
 from rigops_testinfra import ansible_playbook
 
 ROOT = Path(os.environ["MOLECULE_PROJECT_DIRECTORY"])
-testinfra_hosts = ["topo-5090"]
+testinfra_hosts = ["drv-archive"]
 
 
 def validate(*extra):
@@ -37,19 +37,19 @@ def report_line(output, host):
 def test_fleet_report_has_one_line_per_rig(fleet_report):
     rc, out = fleet_report
     assert rc != 0  # the broken rig fails the run
-    assert "topo-5090: PASS" in report_line(out, "topo-5090")
-    assert "topo-h100: PASS" in report_line(out, "topo-h100")
-    line = report_line(out, "topo-broken")
-    assert "topo-broken: FAIL" in line
+    assert "drv-archive: PASS" in report_line(out, "drv-archive")
+    assert "drv-cuda: PASS" in report_line(out, "drv-cuda")
+    line = report_line(out, "drv-broken")
+    assert "drv-broken: FAIL" in line
 
 
 def test_h100_all_nvlink(fleet_report):
-    line = report_line(fleet_report[1], "topo-h100")
+    line = report_line(fleet_report[1], "drv-cuda")
     assert "worst_link=NV18" in line and "p2p=ok" in line and "gpus=8" in line
 
 
 def test_5090_groups_within_a_numa_node_pass(fleet_report):
-    line = report_line(fleet_report[1], "topo-5090")
+    line = report_line(fleet_report[1], "drv-archive")
     assert "gpus=8" in line and "driver=595.45.04" in line
 
 
@@ -62,16 +62,16 @@ def test_5090_groups_within_a_numa_node_pass(fleet_report):
     ],
 )
 def test_broken_rig_reports_each_planted_problem_with_its_fix(fleet_report, kind, fix_words):
-    line = report_line(fleet_report[1], "topo-broken")
+    line = report_line(fleet_report[1], "drv-broken")
     assert kind in line, line
     assert fix_words.lower() in line.lower(), line
 
 
 def test_8_gpu_group_across_numa_with_p2p_required_fails(host):
     instances = [{"name": "big", "gpus": list(range(8)), "engine": {"tensor_parallel_size": 8}}]
-    rc, out = validate("-l", "topo-5090", "-e", json.dumps({"vllm_instances": instances}))
+    rc, out = validate("-l", "drv-archive", "-e", json.dumps({"vllm_instances": instances}))
     assert rc != 0
-    line = report_line(out, "topo-5090")
+    line = report_line(out, "drv-archive")
     assert "FAIL" in line
     # the pairs across the two NUMA nodes, grouped in one line
     assert "GPU[0-3] x GPU[4-7] (16 pairs) link_worse_than_allowed [error, layout]" in line
@@ -83,6 +83,6 @@ def test_8_gpu_group_across_numa_with_p2p_required_fails(host):
 
 def test_tensor_parallel_larger_than_group_is_refused(host):
     instances = [{"name": "x", "gpus": [0, 1], "engine": {"tensor_parallel_size": 4}}]
-    rc, out = validate("-l", "topo-5090", "-e", json.dumps({"vllm_instances": instances}))
+    rc, out = validate("-l", "drv-archive", "-e", json.dumps({"vllm_instances": instances}))
     assert rc != 0
     assert "tensor_parallel_size" in out
