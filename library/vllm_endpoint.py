@@ -27,11 +27,11 @@ options:
     description: The model name the instance must serve.
     type: str
     required: true
-  api_key:
-    description: The instance's API key. Prefer O(api_key_file), which keeps the key on the host.
-    type: str
   api_key_file:
-    description: File on the host holding the key (read as the connecting user).
+    description:
+      - File on the host holding the key, read by the module (as root under become; the vllm_service role's key
+        files are root's alone). The key itself is never an argument, so it never reaches a log of the module's
+        arguments.
     type: path
   require_key:
     description: The instance must reject C(/v1/models) without a key (401).
@@ -165,12 +165,12 @@ stream_s:
 kind:
   description:
     - Class of the failure, C(ok) on success; one of not_listening, not_running, engine_dead, key_mismatch,
-      key_not_required, served_name_mismatch, proxy, error_body, timeout, http_error.
+      key_not_required, key_invalid, served_name_mismatch, proxy, error_body, timeout, http_error, usage.
   type: str
   returned: always
   sample: key_mismatch
 step:
-  description: Check that failed (health, models, models_nokey, chat, stream).
+  description: Check that failed (key, health, models, models_nokey, chat, stream).
   type: str
   returned: failure
   sample: models
@@ -220,7 +220,6 @@ def main():
         argument_spec={
             "url": {"type": "str", "default": "http://127.0.0.1:8000"},
             "served_name": {"type": "str", "required": True},
-            "api_key": {"type": "str", "no_log": True},
             "api_key_file": {"type": "path"},
             "require_key": {"type": "bool", "default": True},
             "chat": {"type": "bool", "default": True},
@@ -234,26 +233,33 @@ def main():
             "max_restarts": {"type": "int", "default": 0},
             "use_proxy_env": {"type": "bool", "default": False},
         },
-        mutually_exclusive=[["api_key", "api_key_file"]],
         supports_check_mode=True,
     )
     p = module.params
     base = p["url"].rstrip("/")
-    key = p["api_key"]
+    key = None
     if p["api_key_file"]:
         try:
-            with open(p["api_key_file"], encoding="utf-8") as fh:
-                key = fh.read().strip()
+            with open(p["api_key_file"], "rb") as fh:
+                raw = fh.read()
         except OSError as exc:
             module.fail_json(
                 msg=f"cannot read the key file {p['api_key_file']} ({exc.strerror}); rerun the vllm_service role",
                 kind="key_mismatch",
                 url=base,
             )
+        try:
+            key = raw.decode("utf-8").strip()
+        except UnicodeDecodeError:
+            module.fail_json(
+                msg=f"the key file {p['api_key_file']} is not UTF-8 text; rotate the key (vllm_service_rotate_keys)",
+                kind="key_invalid",
+                url=base,
+            )
     if key:
         module.no_log_values.add(key)
     if p["require_key"] and not key:
-        module.fail_json(msg="require_key is true but no api_key or api_key_file was given", kind="usage", url=base)
+        module.fail_json(msg="require_key is true but api_key_file gave no key", kind="usage", url=base)
 
     warning = proxy_warning(dict(os.environ), urlsplit(base).hostname or "")
     if warning:

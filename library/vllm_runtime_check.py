@@ -12,6 +12,12 @@ description:
     the JetPack release from C(/etc/nv_tegra_release)) and takes the GPU facts gathered by M(nvidia_gpu_facts).
   - Compares them with one build of the matrix (driver >= the CUDA build's minimum, every GPU's compute capability
     carried by the build, Python version, JetPack, disk space, vLLM >= 0.6.3 when an instance uses ModelScope).
+  - When the build carries C(audit) facts read from its real wheels (C(module_utils/wheel_audit.py)), also refuses a
+    build whose vLLM kernels link another CUDA runtime major than its torch or pin another torch, asks the driver
+    for the newest of torch's CUDA and the CUDA that built the kernels, and judges every GPU against the cubins and
+    PTX of vLLM's core kernels and of torch (a GPU served only by PTX is a warning, the driver JIT-compiles it).
+  - With O(wheelhouse), reads the vLLM and torch wheels it is about to install from that folder and judges the
+    wheels themselves the same way, naming the file.
   - Reads the lock (a hash-locked requirements file, from a URL or a path on the host) when one is given, checks that
     it pins the build's vLLM and torch, composes the release's requirements and names the release by its content
     (flavour, build, versions, Python, sha256 of the requirements).
@@ -37,10 +43,12 @@ options:
     description: The C(nvidia_gpu) fact of M(nvidia_gpu_facts); empty when nvidia-smi could not be read.
     type: dict
     default: {}
-  instances:
-    description: The host's vLLM instances (only C(model.source) is read).
+  model_sources:
+    description:
+      - The model sources of the host's vLLM instances (C(vllm_instances | rigops_model_sources)), e.g. C([modelscope]).
+        Only the sources, never the instances, whose C(security.api_key) would reach the module's log on the host.
     type: list
-    elements: dict
+    elements: str
     default: []
   python:
     description: The interpreter the venv is made from.
@@ -77,6 +85,14 @@ options:
     description: Name of the host in the table (the inventory name); empty takes the host's node name.
     type: str
     default: ""
+  wheelhouse:
+    description:
+      - Folder (or C(file://) URL) on the host holding the wheels to install, searched two levels deep. When set,
+        the build's vLLM wheel and the torch wheel it pins are read and judged against the host before any change
+        (not again once the release is installed). Empty skips this audit (the matrix's C(audit) facts are still
+        judged).
+    type: str
+    default: ""
   fail_on_refusal:
     description: Fail with the table when the host does not fit.
     type: bool
@@ -88,7 +104,8 @@ attributes:
   diff_mode:
     support: none
 notes:
-  - The logic lives in C(module_utils/vllm_runtime.py), unit-tested without a host.
+  - The logic lives in C(module_utils/vllm_runtime.py) and C(module_utils/wheel_audit.py), unit-tested without a
+    host on fixtures cut from the real wheels (C(tests/fixtures/wheels/SOURCES.md)).
 seealso:
   - module: nvidia_gpu_facts
 """
@@ -102,6 +119,15 @@ EXAMPLES = r"""
     lock: http://rigops-wheels:8070/requirements.lock
     gpu_facts: "{{ ansible_facts.nvidia_gpu | default({}) }}"
   register: check
+
+- name: Judge the wheels of an air-gapped wheelhouse before installing them
+  vllm_runtime_check:
+    matrix: "{{ vllm_runtime__matrix }}"
+    flavour: cuda
+    build: cu128
+    root: /opt/rigops/vllm
+    gpu_facts: "{{ ansible_facts.nvidia_gpu }}"
+    wheelhouse: /srv/wheelhouse/cuda
 
 - name: Report without failing
   vllm_runtime_check:
@@ -126,6 +152,13 @@ problems:
   elements: dict
   sample: [{"check": "driver", "host_has": "driver 560.35.03", "build_needs": "driver >= 570.26 (CUDA 12.8)",
             "variable": "nvidia_driver_branch (upgrade the driver) or vllm_runtime_build"}]
+wheel_audit:
+  description: The facts read from the wheelhouse's vLLM and torch wheels (the shape of a matrix build's C(audit)).
+  returned: when O(wheelhouse) is set and both wheels were found
+  type: dict
+  sample: {"wheel": "vllm-0.11.0-cp38-abi3-manylinux1_x86_64.whl", "torch_pin": "2.8.0", "kernels_cudart": 12,
+           "kernels_ptx_cuda": "12.8", "torch_wheel": "torch-2.8.0-cp312-cp312-manylinux_2_28_x86_64.whl",
+           "torch_cuda": "12.8", "archs": {"vllm/_C.abi3.so": {"cubin": ["sm_90", "sm_120"], "ptx": ["compute_90"]}}}
 table:
   description: The problems as a text table (empty when ok).
   returned: always
@@ -145,8 +178,8 @@ host:
   description: What the host has.
   returned: always
   type: dict
-  sample: {"arch": "x86_64", "python": "3.11.2", "driver_version": null, "gpus": [], "jetpack": null,
-           "disk_free_bytes": 53687091200, "nvidia_smi": false, "root": "/opt/rigops/vllm"}
+  sample: {"arch": "x86_64", "python": "3.11.2", "driver_version": null, "cuda_version": null, "gpus": [],
+           "jetpack": null, "disk_free_bytes": 53687091200, "nvidia_smi": false, "root": "/opt/rigops/vllm"}
 modelscope:
   description: Whether an instance uses ModelScope (modelscope is then part of the release).
   returned: always
@@ -182,12 +215,15 @@ import platform  # noqa: E402
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible.module_utils.urls import open_url  # noqa: E402
 from ansible.module_utils.vllm_runtime import (  # noqa: E402
+    audit_wheelhouse,
     compose_requirements,
     evaluate,
+    fitting_builds,
     parse_jetpack,
     release_id,
     render_table,
     select_build,
+    suggest_builds,
     uses_modelscope,
 )
 
@@ -227,7 +263,7 @@ def main():
             "flavour": {"type": "str", "required": True, "choices": ["cuda", "jetson", "cpu"]},
             "build": {"type": "str", "default": ""},
             "gpu_facts": {"type": "dict", "default": {}},
-            "instances": {"type": "list", "elements": "dict", "default": []},
+            "model_sources": {"type": "list", "elements": "str", "default": []},
             "python": {"type": "path", "default": "/usr/bin/python3"},
             "root": {"type": "path", "required": True},
             "lock": {"type": "str", "default": ""},
@@ -236,6 +272,7 @@ def main():
             "nv_tegra_release_file": {"type": "path", "default": "/etc/nv_tegra_release"},
             "jetpack": {"type": "str", "default": ""},
             "host_name": {"type": "str", "default": ""},
+            "wheelhouse": {"type": "str", "default": ""},
             "fail_on_refusal": {"type": "bool", "default": True},
         },
         supports_check_mode=True,
@@ -262,13 +299,16 @@ def main():
         "arch": platform.machine(),
         "python": python,
         "driver_version": gpu.get("driver_version"),
+        "cuda_version": gpu.get("cuda_version"),
         "gpus": gpu.get("gpus") or [],
         "nvidia_smi": bool(gpu),
         "jetpack": jetpack,
         "disk_free_bytes": free_bytes(p["root"]),
         "root": p["root"],
     }
-    modelscope = uses_modelscope(p["instances"])
+    # module_utils reads model.source only: the sources, in the shape it takes
+    instances = [{"model": {"source": source}} for source in p["model_sources"]]
+    modelscope = uses_modelscope(instances)
     result = {"changed": False, "build_name": build_name, "build": build, "host": host, "modelscope": modelscope}
 
     lock_text = read_lock(module, p["lock"]) if p["lock"] else None
@@ -281,8 +321,23 @@ def main():
     if installed:
         # The release is already there: the space it needs is already taken.
         host = dict(host, disk_free_bytes=None)
-    verdict = evaluate(p["flavour"], build_name, build, host, p["instances"])
+    verdict = evaluate(p["flavour"], build_name, build, host, instances)
     problems = verdict["problems"] + lock_problems
+    warnings = list(verdict.get("warnings") or [])
+    if p["wheelhouse"] and not installed:
+        # an installed release passed its smoke test; its wheels are not read again
+        rows, warns, facts = audit_wheelhouse(f"{p['flavour']}/{build_name}", build, p["wheelhouse"], host)
+        if any(row["check"] == "driver" for row in problems):
+            rows = [row for row in rows if row["check"] != "wheel driver"]  # said once is enough
+        problems += rows
+        warnings += warns
+        if facts is not None:
+            result["wheel_audit"] = facts
+    for text in warnings:
+        module.warn(text)
+    if problems:
+        # name the builds of the flavour that would fit, where the fix is another build
+        suggest_builds(problems, fitting_builds(p["matrix"], p["flavour"], host, instances, exclude=build_name))
     name = p["host_name"] or platform.node()
     table = render_table(name, p["flavour"], build_name, problems) if problems else ""
     result.update(ok=not problems, problems=problems, table=table)

@@ -90,14 +90,43 @@ def normalize_model(instance: dict) -> dict:
     }
 
 
+# What the plan reads of an instance: its name and these model fields (the rigops_model_refs
+# filter gives exactly that). Nothing else (security, its key) may reach the plan.
+PLAN_FIELDS = ("name", "model")
+MODEL_FIELDS = ("source", "id", "revision", "hub", "path", "trust_remote_code")
+
+
+def _model_ref_problem(inst) -> str:
+    """Why an entry of the fleet is more than a model reference ('' when it is one)."""
+    if not isinstance(inst, dict):
+        return ""  # normalize_model says what is wrong with it
+    extra = sorted(str(k) for k in inst if k not in PLAN_FIELDS)
+    model = inst.get("model")
+    if isinstance(model, dict):
+        extra += sorted(f"model.{k}" for k in model if k not in MODEL_FIELDS)
+    if not extra:
+        return ""
+    return (
+        f"the plan takes each instance's name and model fields only ({', '.join(MODEL_FIELDS)}), got also "
+        f"{', '.join(extra)}: pass vllm_instances through rigops_model_refs (a key must never reach the plan)"
+    )
+
+
 def plan(host: str, fleet: dict, cache_host: str = "") -> dict:
     """The models `host` stages, each once, with the instances that use it.
 
-    fleet: {host: [instances]} for every host of the play, in play order. A `controller`
-    model is downloaded from the hub by one cache host (cache_host if set, else the first
-    host of the play that needs it) and copied from there to the others; the cache host
-    stages it even when none of its own instances uses it.
+    fleet: {host: [model references]} for every host of the play, in play order; a model
+    reference is an instance's name and model fields, {name, model: {source, id, revision,
+    hub, path, trust_remote_code}} (PLAN_FIELDS, MODEL_FIELDS), never more: ValueError for
+    anything else (security above all). A `controller` model is downloaded from the hub by one
+    cache host (cache_host if set, else the first host of the play that needs it) and copied
+    from there to the others; the cache host stages it even when none of its own instances uses it.
     """
+    for name, instances in fleet.items():
+        for inst in instances or []:
+            problem = _model_ref_problem(inst)
+            if problem:
+                raise ValueError(f"{name}: {problem}")
     per_host: dict[str, dict[str, dict]] = {}
     for name, instances in fleet.items():
         models: dict[str, dict] = {}

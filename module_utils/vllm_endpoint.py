@@ -14,6 +14,8 @@ and a message that says what to do:
 - served_name_mismatch: the expected name is not served (404, or missing from /v1/models)
 - proxy: an answer that came from a proxy (407, Via/Proxy headers, or a proxy error body)
 - error_body: an error object instead of `choices`
+- key_invalid: the key holds what an HTTP header cannot carry (non-ASCII, whitespace, control
+  characters); judged before any request, never quoting the key
 - timeout, http_error: anything else, with the status and body
 """
 
@@ -199,6 +201,21 @@ def proxy_warning(env, host):
     )
 
 
+def key_problem(key):
+    """Why a key cannot travel in an Authorization header (never quoting it), or None.
+
+    http.client encodes header values as Latin-1 and refuses line breaks: a key with anything but
+    printable ASCII would end the gate in a traceback, and no client could send it either.
+    """
+    if not isinstance(key, str):
+        return "is not text"
+    if any(ord(c) > 126 for c in key):
+        return "holds non-ASCII characters"
+    if any(ord(c) < 33 or ord(c) == 127 for c in key):
+        return "holds whitespace or control characters"
+    return None
+
+
 def _auth(key):
     return {"Authorization": f"Bearer {key}"} if key else {}
 
@@ -279,6 +296,15 @@ def gate(
     max_restarts=0,
 ):
     """Run the gate; returns the figures, raises GateFailure with the first problem."""
+    if key:
+        problem = key_problem(key)
+        if problem:
+            raise GateFailure(
+                "key_invalid",
+                f"{base}: the instance's key {problem}: no HTTP client can send it (an Authorization header carries "
+                "printable ASCII only); rotate it (vllm_service_rotate_keys) or fix security.api_key",
+                "key",
+            )
     result = {"url": base}
     start = clock()
     result["attempts"] = wait_ready(transport, base, start + timeout, interval, clock, sleep, unit_state, max_restarts)

@@ -8,11 +8,34 @@ minimum driver, the GPU compute capabilities the wheels carry, the JetPack relea
 space. ``evaluate`` compares one build with what a host has and returns every mismatch
 as a row (what the host has, what the build needs, which variable to change), and
 ``render_table`` turns those rows into the text the play stops with.
+
+A build may carry ``audit:`` facts read from its real wheels (``module_utils/wheel_audit.py``,
+tests/fixtures/wheels/SOURCES.md): the CUDA runtime its vLLM kernels link, the toolkit
+that built them, vLLM's torch pin and the GPU code of vLLM's core kernels and of torch.
+``evaluate`` then refuses a build whose kernels need another CUDA major than its torch or
+whose pin is another torch, takes the driver the kernels need into account, and judges
+every GPU against the kernels' cubins and PTX instead of the declared list.
+``audit_wheelhouse`` reads the wheels themselves from a wheelhouse on the host.
+
+Runs on managed hosts: Python 3.8 compatible, standard library only.
 """
 
 from __future__ import annotations
 
+import os
 import re
+
+from ansible.module_utils.wheel_audit import (
+    WheelAuditError,
+    audit_build,
+    audit_wheel,
+    canonical,
+    driver_problem,
+    judge_facts,
+    parse_wheel_filename,
+    pin_matches,
+    wheel_files,
+)
 
 # vLLM's ModelScope path (VLLM_USE_MODELSCOPE=true) is broken before this release.
 MODELSCOPE_MIN_VLLM = "0.6.3"
@@ -100,15 +123,16 @@ def _gpu_label(gpu):
 def evaluate(flavour, build_name, build, host, instances=None, vllm_version=None):
     """Judge one build against one host.
 
-    ``build``: the matrix entry. ``host``: {arch, python, driver_version, gpus: [{index,
-    name, compute_capability}], jetpack, disk_free_bytes, nvidia_smi (bool: the GPU facts
-    could be read)}. Keys that are missing or None are "unknown". ``vllm_version``: the
-    vLLM version to be installed (defaults to the build's).
+    ``build``: the matrix entry. ``host``: {arch, python, driver_version, cuda_version (the
+    newest CUDA the driver supports, as nvidia-smi reports it), gpus: [{index, name,
+    compute_capability}], jetpack, disk_free_bytes, nvidia_smi (bool: the GPU facts could be
+    read)}. Keys that are missing or None are "unknown". ``vllm_version``: the vLLM version
+    to be installed (defaults to the build's).
 
-    Returns {"ok": bool, "problems": [row, ...]}, each row {"check", "host_has",
-    "build_needs", "variable"}.
+    Returns {"ok": bool, "problems": [row, ...], "warnings": [text, ...]}, each row
+    {"check", "host_has", "build_needs", "variable"}.
     """
-    problems = []
+    problems, warnings = [], []
     host = host or {}
     vllm_version = vllm_version or (build.get("vllm") or {}).get("version")
     label = f"{flavour}/{build_name}"
@@ -130,6 +154,16 @@ def evaluate(flavour, build_name, build, host, instances=None, vllm_version=None
             "vllm_runtime_python",
         )
 
+    audit = build.get("audit") or {}
+    if audit:
+        # the build itself: vLLM's kernels and its torch pin against the build's torch
+        where = f"{label} (vllm {vllm_version})"
+        rows, _ = judge_facts(audit, torch_version=str(build.get("torch")), torch_cuda=build.get("cuda"), where=where)
+        for row in rows:
+            row["host_has"] = f"{label}: {row['host_has']}"
+            row["variable"] = "vllm_runtime_build (another build; this matrix entry is incoherent: vars/matrix.yml)"
+        problems.extend(rows)
+
     if build.get("requires_gpu"):
         gpus = host.get("gpus") or []
         if not host.get("nvidia_smi") and flavour != "jetson":
@@ -143,16 +177,33 @@ def evaluate(flavour, build_name, build, host, instances=None, vllm_version=None
             refuse("gpus", "0 GPUs", "at least 1 NVIDIA GPU", "vllm_runtime_flavour")
         min_driver = build.get("min_driver")
         driver = host.get("driver_version")
-        if min_driver and host.get("nvidia_smi") and not version_ge(driver, min_driver):
-            refuse(
-                "driver",
-                f"driver {driver or 'unknown'}",
-                f"driver >= {min_driver} (CUDA {build.get('cuda')})",
-                "nvidia_driver_branch (upgrade the driver) or vllm_runtime_build",
+        if min_driver and host.get("nvidia_smi"):
+            if not driver:
+                refuse(
+                    "driver",
+                    "driver unknown",
+                    f"driver >= {min_driver} (CUDA {build.get('cuda')})",
+                    "nvidia_driver_branch (upgrade the driver) or vllm_runtime_build",
+                )
+            else:
+                # the newest of torch's CUDA and the CUDA that built vLLM's kernels (audit)
+                cuda = audit_needs_cuda(build)
+                row = driver_problem(cuda, driver, host.get("cuda_version"), min_driver)
+                if row:
+                    problems.append(row)
+        if audit.get("archs"):
+            rows, warns = judge_facts(
+                {"archs": audit["archs"], "torch_wheel": audit.get("torch_wheel")},
+                gpus=gpus,
+                where=f"{label} (vllm {vllm_version})",
             )
+            for row in rows:
+                row["variable"] = "vllm_runtime_build"
+            problems.extend(rows)
+            warnings.extend(warns)
         supported = [str(c) for c in build.get("compute_capabilities") or []]
         bad = [g for g in gpus if str(g.get("compute_capability")) not in supported]
-        if supported and bad:
+        if supported and bad and not audit.get("archs"):
             refuse(
                 "compute capability",
                 ", ".join(_gpu_label(g) for g in bad),
@@ -189,7 +240,98 @@ def evaluate(flavour, build_name, build, host, instances=None, vllm_version=None
             "vllm_runtime_build (or model.source)",
         )
 
-    return {"ok": not problems, "problems": problems}
+    return {"ok": not problems, "problems": problems, "warnings": warnings}
+
+
+def fitting_builds(matrix, flavour, host, instances=None, exclude=None):
+    """Names of the flavour's builds that this host fits (none of ``evaluate``'s problems)."""
+    builds = (matrix.get(flavour) or {}).get("builds") or {}
+    return [
+        name
+        for name in sorted(builds)
+        if name != exclude and evaluate(flavour, name, builds[name], host, instances)["ok"]
+    ]
+
+
+def suggest_builds(problems, names):
+    """Add the builds that fit to the rows whose fix is another build."""
+    if not names:
+        return problems
+    hint = f"{', '.join(names)} fit{'s' if len(names) == 1 else ''} this host"
+    for row in problems:
+        change = str(row.get("variable", ""))
+        if change.startswith("vllm_runtime_build") or change.endswith("or vllm_runtime_build"):
+            row["variable"] = f"{change} ({hint})"
+    return problems
+
+
+def audit_needs_cuda(build):
+    """The CUDA a build needs from the driver: its torch's, or the kernels' toolkit when newer (audit)."""
+    cuda = build.get("cuda")
+    kcuda = (build.get("audit") or {}).get("kernels_ptx_cuda")
+    if kcuda and re.fullmatch(r"\d+\.\d+", str(kcuda)) and (not cuda or version_ge(kcuda, cuda)):
+        return str(kcuda)
+    return str(cuda) if cuda else None
+
+
+def _python_tag(python):
+    minor = python_minor(python)
+    return f"cp{minor.replace('.', '')}" if minor else None
+
+
+def audit_wheelhouse(build_label, build, wheelhouse, host):
+    """Read the build's vLLM and torch wheels from a wheelhouse on the host and judge them.
+
+    ``wheelhouse``: a folder (or file:// URL) holding the wheels pip is about to install,
+    searched two levels deep. The vLLM wheel of the build's distribution and version and the
+    torch wheel the build pins (for the host's Python when there are several) are read with
+    ``wheel_audit`` and judged against the host's driver and GPUs. Returns (rows, warnings,
+    facts); rows name the file and the fix.
+    """
+    path = wheelhouse[len("file://") :] if str(wheelhouse).startswith("file://") else str(wheelhouse)
+    vllm = build.get("vllm") or {}
+    dist, version, torch = canonical(vllm.get("distribution", "vllm")), vllm.get("version"), str(build.get("torch"))
+    fix = "vllm_runtime_audit_wheelhouse (or fill the wheelhouse from the build's pins)"
+    if not os.path.isdir(path):
+        return [_row("wheelhouse", f"no folder {path}", f"the wheels of {build_label}", fix)], [], None
+    names = {}
+    for f in wheel_files(path):
+        parsed = parse_wheel_filename(f)
+        if parsed:
+            names.setdefault(canonical(parsed["name"]), []).append((f, parsed))
+    tag = _python_tag(host.get("python"))
+    vllm_files = [f for f, p in names.get(dist, []) if p["version"] == str(version)]
+    torch_files = [(f, p) for f, p in names.get("torch", []) if pin_matches(torch, p["version"])]
+    torch_files = [f for f, p in torch_files if tag and tag in p["python"].split(".")] or [f for f, _ in torch_files]
+    rows = []
+    if not vllm_files:
+        rows.append(_row("wheelhouse", f"no {dist}=={version} wheel in {path}", f"{dist}=={version}", fix))
+    if not torch_files:
+        rows.append(
+            _row("wheelhouse", f"no torch=={torch} wheel for {tag or 'this Python'} in {path}", f"torch=={torch}", fix)
+        )
+    if rows:
+        return rows, [], None
+    try:
+        reports = [audit_wheel(vllm_files[0], host.get("arch") or "x86_64", python_minor(host.get("python")) or "3.12")]
+        reports.append(audit_wheel(torch_files[0], host.get("arch") or "x86_64"))
+    except WheelAuditError as exc:
+        return [_row("wheelhouse", str(exc), "readable wheels", fix)], [], None
+    gpus = host.get("gpus") or []
+    verdict = audit_build(
+        [],
+        driver_version=host.get("driver_version") if build.get("cuda") else None,
+        driver_cuda=host.get("cuda_version") if build.get("cuda") else None,
+        compute_capability=gpus if build.get("cuda") else None,
+        reports=reports,
+    )
+    for row in verdict["problems"]:
+        row["check"] = f"wheel {row['check']}"
+    return verdict["problems"], verdict["warnings"], verdict["facts"]
+
+
+def _row(check, has, needs, variable):
+    return {"check": check, "host_has": has, "build_needs": needs, "variable": variable}
 
 
 def render_table(host_name, flavour, build_name, problems):
@@ -199,7 +341,7 @@ def render_table(host_name, flavour, build_name, problems):
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(4)]
 
     def line(r):
-        return " | ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+        return " | ".join(str(c).ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: B905 - Python 3.8 hosts
 
     out = [
         f"vllm_runtime preflight refused {flavour}/{build_name} on {host_name} "

@@ -703,7 +703,8 @@ def up(hosts: list[Host], as_json: bool) -> None:
     start = time.monotonic()
     base = build_image()
     # stage snapshots first: building one brings up (and removes) a host of its own
-    images = {h.name: build_snapshot(h.stage) if h.stage else base for h in hosts}
+    stages = {stage: build_snapshot(stage) for stage in sorted({h.stage for h in hosts if h.stage})}
+    images = {h.name: stages[h.stage] if h.stage else base for h in hosts}
     with fleet_lock("shared"):
         ensure_network()
         for svc in services():

@@ -108,10 +108,10 @@ def test_report_takes_stages_from_the_records_on_the_rig(preflight, tmp_path):
 @pytest.mark.parametrize(
     "instances, words",
     [
-        ('{"name": "a", "port": 8000}', "must be a list"),
-        ('[{"name": "a", "port": 8000}, {"name": "a", "port": 8001}]', "names seen: a, a"),
-        ('[{"name": "a", "port": 8000}, {"name": "b", "port": 8000}]', "ports seen: 8000, 8000"),
-        ('[{"port": 8000}]', "each with its own `name`"),
+        ('{"name": "a", "port": 8000}', "vllm_instances: '<a mapping>' must be a list of instances"),
+        ('[{"name": "a", "port": 8000}, {"name": "a", "port": 8001}]', "vllm_instances[1].name: 'a' is used by 2"),
+        ('[{"name": "a", "port": 8000}, {"name": "b", "port": 8000}]', "vllm_instances[1].port: 8000 is claimed by 2"),
+        ('[{"port": 8000}]', "vllm_instances[0].name: is missing"),
     ],
 )
 def test_preflight_refuses_bad_instance_lists(preflight, tmp_path, instances, words):

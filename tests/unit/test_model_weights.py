@@ -25,7 +25,8 @@ def load(name):
 
 
 def inst(name, **model):
-    return {"name": name, "port": 8000, "model": model}
+    """A model reference, as rigops_model_refs publishes it for the plan: name and model fields only."""
+    return {"name": name, "model": model}
 
 
 # --- plan -------------------------------------------------------------------------------
@@ -91,6 +92,44 @@ def test_plan_refuses_bad_instances(instance, message):
 def test_plan_refuses_duplicate_instance_names():
     with pytest.raises(ValueError, match="used twice"):
         mw.plan("h", {"h": [inst("a", source="local", path="/m"), inst("a", source="local", path="/n")]})
+
+
+KEY = "k3y-of-the-vault-0123456789abcdefghijklmnop"
+
+
+@pytest.mark.parametrize(
+    ("entry", "named"),
+    [
+        ({"name": "a", "port": 8000, "model": {"source": "local", "path": "/m"}}, "port"),
+        ({"name": "a", "model": {"source": "local", "path": "/m"}, "security": {"api_key": KEY}}, "security"),
+        ({"name": "a", "model": {"source": "local", "path": "/m", "api_key": KEY}}, "model.api_key"),
+    ],
+)
+def test_plan_takes_model_references_only_and_never_quotes_a_key(entry, named):
+    """Another host's whole instance (its key included) is refused, by name of the key, not its value."""
+    fleet = {"h": [inst("b", source="local", path="/n")], "other": [entry]}
+    with pytest.raises(ValueError) as info:
+        mw.plan("h", fleet)
+    assert f"got also {named}" in str(info.value) and "rigops_model_refs" in str(info.value)
+    assert KEY not in str(info.value)
+
+
+def test_plan_module_refuses_a_key_before_it_logs_its_arguments(run_module, monkeypatch):
+    """The argument spec refuses anything but model references: AnsibleModule fails before _log_invocation."""
+    import model_weights_plan as module
+    from ansible.module_utils import basic
+
+    logged = []
+    monkeypatch.setattr(basic.AnsibleModule, "_log_invocation", lambda self: logged.append(self.params))
+    refs = [{"host": "h", "instances": [inst("a", source="modelscope", id="Qwen/Qwen3.5-9B")]}]
+    failed, result = run_module(module.main, {"host": "h", "fleet": refs})
+    assert not failed and [m["key"] for m in result["models"]] == ["modelscope:Qwen/Qwen3.5-9B@master"]
+    assert logged and KEY not in repr(logged)
+    logged.clear()
+    whole = [{"host": "h", "instances": [dict(inst("a", source="local", path="/m"), security={"api_key": KEY})]}]
+    failed, result = run_module(module.main, {"host": "h", "fleet": whole})
+    assert failed and "security" in result["msg"] and KEY not in repr(result)
+    assert logged == []  # nothing reached the host's journal
 
 
 def test_model_dir_layout():

@@ -38,7 +38,7 @@ def test_every_stage_passed_in_this_run_is_ok():
     assert entry["status"] == "ok"
     assert (entry["driver"], entry["gpus"], entry["topology"], entry["runtime_release"]) == (
         "595.45.04",
-        "8",
+        8,
         "pass",
         "cpu-vllm0.32.0-abc",
     )

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ansible.module_utils import instance_schema as schema
 from ansible.module_utils import vllm_config
 from ansible.module_utils.vllm_config import (
     INSTANCE_DEFAULTS,
@@ -135,7 +136,15 @@ def test_dry_run_names_the_key_variable_never_its_value(raw):
         ("engine", {"tensor_parallel_size": 2}, "[engine] tensor_parallel_size: 2 is larger than the instance's GPU"),
         ("engine", {"bogus": 1}, "[engine] bogus: unknown key"),
         ("engine", {"extra_args": ["--api-key=x"]}, "a key never goes on a command line"),
+        ("engine", {"extra_args": ["--api_key=x"]}, "a key never goes on a command line"),
         ("engine", {"extra_args": ["--port", "9"]}, "[engine] extra_args: --port is set from the file's own keys"),
+        ("engine", {"extra_args": ["--trust_remote_code"]}, "extra_args: --trust-remote-code is set from the file"),
+        ("engine", {"extra_args": ["--tensor_parallel_size=8"]}, "--tensor-parallel-size is set from the file"),
+        ("engine", {"extra_args": ["--middleware=x.y"]}, "--middleware is refused (ASGI middleware is code"),
+        ("server", {"host": ""}, "[server] host: '' is empty (vLLM would bind every interface)"),
+        ("server", {"host": "rig.example.com"}, "is not a literal IP address"),
+        ("server", {"instance": "a" * 27}, "is 27 characters long"),
+        ("model", {"served_name": "tiny\x00"}, "[model] served_name: holds a NUL character"),
         ("server", {"port": 70000}, "[server] port: 70000 is out of range"),
         ("server", {"host": "0.0.0.0"}, "vllm_service_allow_remote_bind: true"),
         ("server", {"gpus": [0, 0]}, "[server] gpus: [0, 0] has duplicates"),
@@ -212,9 +221,16 @@ def test_key_file_checks(raw, tmp_path):
     cfg, _ = normalize(with_(raw, "server", key_file=str(tmp_path / "api_key")))
     assert "missing, empty or unreadable" in vllm_config.check_key(cfg["server"], cfg["security"])[0]
     (tmp_path / "api_key").write_text("short\n")
-    assert "shorter than 16" in vllm_config.check_key(cfg["server"], cfg["security"])[0]
+    assert "shorter than 32" in vllm_config.check_key(cfg["server"], cfg["security"])[0]
     (tmp_path / "api_key").write_text("A" * 43 + "\n")
     assert vllm_config.check_key(cfg["server"], cfg["security"]) == []
+    # the schema's key rules (instance_schema.key_problem), never quoting the key
+    for bad, why in (("é" * 40, "non-ASCII"), ("A" * 20 + " " + "A" * 20, "whitespace")):
+        (tmp_path / "api_key").write_text(bad + "\n")
+        (found,) = vllm_config.check_key(cfg["server"], cfg["security"])
+        assert why in found and bad not in found
+    (tmp_path / "api_key").write_bytes(b"\xff\xfe" + b"A" * 40)  # not UTF-8: a clean refusal, no traceback
+    assert "not UTF-8" in vllm_config.check_key(cfg["server"], cfg["security"])[0]
     creds = tmp_path / "creds"
     creds.mkdir()
     (creds / "api_key").write_text("B" * 43)
@@ -389,3 +405,251 @@ def test_missing_port_is_left_for_the_launcher_to_name():
     (cfg,) = build_configs([{"name": "a", "model": {"source": "local", "path": "/m"}}], {}, sandbox_settings())
     assert "port" not in cfg["server"]
     assert any("[server] port: missing; it is required" in p for p in problems(cfg))
+
+
+def test_placement_with_a_quoted_port_names_the_clash_without_a_traceback(raw):
+    """Ports 8000 and "8000" are the same port: named as a clash (sorting them used to raise TypeError)."""
+    a = with_(raw, "server", port=8000)
+    b = with_(with_(raw, "server", instance="beta"), "server", port="8000")
+    found = placement([a, b], 0.95)
+    assert any("port 8000 is claimed by alpha, beta" in p for p in found), found
+    assert any("[server] port: '8000' is not a int" in p for p in problems(b))
+
+
+def test_a_local_model_is_allowed_remote_code_by_its_path_never_its_id(raw):
+    local = with_(
+        with_(raw, "model", source="local", path="/srv/models/x", id="Org/Trusted", trust_remote_code=True),
+        "security",
+        remote_code_allowed=["Org/Trusted"],
+    )
+    (found,) = problems(local)
+    assert "trust_remote_code: true for '/srv/models/x'" in found and "allowed by its path, never by its id" in found
+    assert problems(with_(local, "security", remote_code_allowed=["/srv/models/x/"])) == []
+    hub = with_(with_(raw, "model", trust_remote_code=True), "security", remote_code_allowed=["/srv/models/x"])
+    assert any("not in [security] remote_code_allowed" in p for p in problems(hub))
+
+
+def test_the_code_a_local_model_ships_is_judged_by_its_content(raw, tmp_path):
+    (tmp_path / "m").mkdir()
+    model = make_model(tmp_path / "m")
+    cfg, _ = normalize(with_(raw, "model", source="local", path=str(model), trust_remote_code=False))
+    assert vllm_config.remote_code_findings(cfg) == ([], [])  # the tiny model ships no code
+    config = json.loads((model / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForCausalLM": "modeling_x.XForCausalLM"}
+    (model / "config.json").write_text(json.dumps(config))
+    (model / "modeling_x.py").write_text("import os\n")
+    assert vllm_config.model_code(str(model)) == {
+        "auto_map": ["config.json:AutoModelForCausalLM"],
+        "python_files": ["modeling_x.py"],
+    }
+    refused, notes = vllm_config.remote_code_findings(cfg)
+    assert (
+        refused == []
+        and "ships code (config.json:AutoModelForCausalLM, modeling_x.py) that vLLM will not run" in (notes[0])
+    )
+    trusting, _ = normalize(with_(raw, "model", source="local", path=str(model), trust_remote_code=True))
+    (refusal,) = vllm_config.remote_code_findings(trusting)[0]
+    assert "would run the code" in refusal and "modeling_x.py" in refusal and "add the path" in refusal
+    trusting["security"]["remote_code_allowed"] = [str(model)]
+    assert vllm_config.remote_code_findings(trusting)[0] == []
+
+
+@pytest.mark.parametrize(
+    ("config", "limit"),
+    [
+        ({"max_position_embeddings": 2048}, (2048, "max_position_embeddings")),
+        ({"max_position_embeddings": 32768, "seq_length": 8192}, (8192, "seq_length")),
+        (
+            {"text_config": {"max_position_embeddings": 128000}, "vision_config": {"max_position_embeddings": 16}},
+            (128000, "max_position_embeddings"),
+        ),
+        (
+            {
+                "max_position_embeddings": 32768,
+                "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},
+            },
+            (131072, "max_position_embeddings with rope_scaling yarn x4.0"),
+        ),
+        (
+            {"max_position_embeddings": 131072, "rope_scaling": {"rope_type": "llama3", "factor": 8.0}},
+            (131072, "max_position_embeddings"),
+        ),
+        ({"hidden_size": 128}, None),
+        (None, None),
+    ],
+)
+def test_model_context_limit_as_vllm_derives_it(config, limit):
+    assert vllm_config.model_context_limit(config) == limit
+
+
+def test_max_model_len_against_the_staged_models_config(raw, tmp_path):
+    model = make_model(tmp_path)  # the tiny model: max_position_embeddings 2048
+    cfg, _ = normalize(with_(raw, "model", path=str(model), max_model_len=1024))
+    assert vllm_config.context_problems(cfg, "x") == []
+    cfg["model"]["max_model_len"] = 40960
+    (found,) = vllm_config.context_problems(cfg, "x")
+    assert "x: [model] max_model_len: 40960 is more than the model allows (2048 tokens" in found
+    assert "lower model.max_model_len to 2048" in found
+    assert vllm_config.context_problems(cfg, "x", allow_long=True) == []
+    cfg["model"]["path"] = str(tmp_path / "not-staged")
+    assert vllm_config.context_problems(cfg, "x") == []  # no config.json: the staging checks say so
+
+
+def load_stand_in():
+    """The stand-in of vLLM's parser (fixtures/vllm_service/stand_in_vllm), under private module names."""
+    import importlib.util
+
+    base = FIX / "stand_in_vllm" / "vllm"
+    mods = {}
+    for name, path in (("utils", base / "utils.py"), ("cli_args", base / "entrypoints" / "openai" / "cli_args.py")):
+        spec = importlib.util.spec_from_file_location(f"rigops_stand_in_vllm_{name}", path)
+        mods[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mods[name])
+    return lambda: mods["cli_args"].make_arg_parser(mods["utils"].FlexibleArgumentParser(prog="api_server"))
+
+
+STAND_IN = load_stand_in()
+
+
+@pytest.mark.parametrize(
+    ("extra", "dest"),
+    [
+        (["--api_key=s3cret-key-value-0123456789abcdef"], "api_key"),
+        (["--api-key", "s3cret-key-value-0123456789abcdef"], "api_key"),
+        (["--api-k=s3cret-key-value-0123456789abcdef"], "api_key"),  # argparse takes an abbreviation
+        (["--trust_remote_code"], "trust_remote_code"),
+        (["--no-trust-remote-code"], "trust_remote_code"),
+        (["--tensor_parallel_size=8"], "tensor_parallel_size"),
+        (["-tp", "8"], "tensor_parallel_size"),
+        (["--gpu_memory_utilization=0.5"], "gpu_memory_utilization"),
+        (["--max_model_len", "999999"], "max_model_len"),
+        (["--port=8001"], "port"),  # the config's own value: still the config's to set
+        (["--middleware=evil.mw"], "middleware"),
+        (["--headless"], "headless"),
+        (["/srv/other/model"], "model_tag"),  # a positional is the model
+        (["--config=/tmp/flags.yaml"], "config"),
+        (["--config", "/tmp/flags.yaml"], "config"),
+        (["--help"], "help"),
+        (["-q", "fp8"], "quantization"),
+    ],
+)
+def test_extra_args_setting_what_the_config_owns_are_found_by_the_parser(raw, extra, dest):
+    cfg, _ = normalize(raw)
+    findings = vllm_config.parse_extra_args(STAND_IN(), extra, schema.MANAGED_DESTS, build_argv(cfg))
+    assert [f.get("dest") for f in findings] == [dest], findings
+    text = " ".join(vllm_config.extra_args_problems(findings, "alpha.toml"))
+    assert text.startswith("alpha.toml: [engine] extra_args: ") and "s3cret" not in text
+
+
+@pytest.mark.parametrize(
+    ("extra", "error"),
+    [
+        (["--bogus-flag"], "unrecognized arguments: --bogus-flag"),
+        (["--seed=abc"], "argument --seed: invalid int value: 'abc'"),
+        (["--enable-chunked-prefill=yes"], "ignored explicit argument 'yes'"),
+    ],
+)
+def test_extra_args_the_parser_refuses(raw, extra, error):
+    cfg, _ = normalize(raw)
+    (finding,) = vllm_config.parse_extra_args(STAND_IN(), extra, schema.MANAGED_DESTS, build_argv(cfg))
+    assert error in finding["error"]
+    (text,) = vllm_config.extra_args_problems([finding], "alpha.toml")
+    assert "vLLM's own parser refuses the instance's command line" in text
+
+
+def test_extra_args_the_parser_accepts(raw):
+    cfg, _ = normalize(raw)
+    ok = ["--seed=1", "--tokenizer", "/srv/tok", "--max_num_batched_tokens=8192", "--no-enable-chunked-prefill"]
+    assert vllm_config.parse_extra_args(STAND_IN(), ok, schema.MANAGED_DESTS, build_argv(cfg)) == []
+    # the whole command is parsed too: a value of the config the parser refuses is named
+    bad = with_(raw, "model", quantization="nf5")
+    cfg, _ = normalize(bad)
+    (finding,) = vllm_config.parse_extra_args(STAND_IN(), ["--seed=1"], schema.MANAGED_DESTS, build_argv(cfg)[:-1])
+    assert "argument --quantization/-q: invalid choice: 'nf5'" in finding["error"]
+
+
+def test_orphans_from_folders_and_units():
+    units = vllm_config.unit_instances(
+        ["vllm@old.service", "vllm@.service", "vllm@chat.service", "nginx.service", "vllm@Bad_Name.service"]
+    )
+    assert units == {"old", "chat", "Bad_Name"}
+    assert vllm_config.orphans(["chat"], [".removed", "chat", "gone", "lost+found"], units) == ["gone", "old"]
+    assert vllm_config.orphans(["chat", "gone", "old"], ["gone"], units) == []
+    # an orphan kept running holds its port ("8001" is port 8001): (port, orphan, instance), by orphan name
+    assert vllm_config.orphan_port_clashes({"old": 8000, "gone": "8001"}, {"chat": 8000, "new": 8001}) == [
+        (8001, "gone", "new"),
+        (8000, "old", "chat"),
+    ]
+    assert vllm_config.orphan_port_clashes({"old": 8000}, {"chat": 8002}) == []
+
+
+def probe_play(tmp_path, configs, root):
+    """A play running the role's probe on localhost twice (orphans removed, then kept), each answer to a file."""
+    plays = []
+    for keep in (False, True):
+        args = {
+            "configs": configs,
+            "config_root": str(root),
+            "systemd_root": str(tmp_path / "systemd"),
+            "keep_orphans": keep,
+        }
+        save = {"content": "{{ probe | to_json }}", "dest": str(tmp_path / f"keep-{keep}.json"), "mode": "0600"}
+        tasks = [
+            {"name": "Probe", "vllm_service_probe": args, "register": "probe"},
+            {"name": "Save", "ansible.builtin.copy": save},
+        ]
+        plays.append({"name": f"keep {keep}", "hosts": "localhost", "gather_facts": False, "tasks": tasks})
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(plays))
+    env = dict(
+        os.environ,
+        ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
+        ANSIBLE_FORCE_COLOR="0",
+        ANSIBLE_LIBRARY=str(ROOT / "roles" / "vllm_service" / "library"),
+    )
+    interpreter = json.dumps({"ansible_python_interpreter": sys.executable})
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local", "-e", interpreter,
+         str(tmp_path / "play.yml")],
+        check=False, cwd=ROOT, capture_output=True, text=True, env=env,
+    )  # fmt: skip
+
+
+def test_the_role_probe_runs_vllms_parser_from_the_runtime_through_ansible(tmp_path):
+    """roles/vllm_service/library/vllm_service_probe.py as Ansible ships it (AnsiballZ; the parsing function's
+    source run by the runtime's python, here one with the stand-in vLLM): context limit, local code, extra_args
+    through the parser, orphans from folders and units, and a port a kept orphan holds."""
+    root, model, local = tmp_path / "etc" / "vllm", tmp_path / "model", tmp_path / "local"
+    for folder in (root / "old", model, local, tmp_path / "systemd" / "vllm@older.service.d"):
+        folder.mkdir(parents=True)
+    make_model(model)
+    make_model(local)
+    (local / "modeling_x.py").write_text("raise SystemExit('remote code ran')\n")
+    (root / "old" / "config.toml").write_text('[server]\ninstance = "old"\nport = 8001\n')
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={FIX / "stand_in_vllm"} exec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    hub = {"source": "modelscope", "id": "Qwen/Qwen3.5-9B"}
+    instances = [
+        {"name": "alpha", "port": 8001, "model": hub, "engine": {"extra_args": ["--seed=1", "--api-k=not-a-real-key"]}},
+        {"name": "beta", "port": 8002, "model": dict(hub, max_model_len=40960), "engine": {"extra_args": ["--bogus"]}},
+        {"name": "gamma", "port": 8003, "model": {"source": "local", "path": str(local), "trust_remote_code": True}},
+    ]
+    staged = {n: {"path": str(model), "commit": COMMIT} for n in ("alpha", "beta")}
+    configs = build_configs(instances, staged, sandbox_settings(python=str(python), config_root=str(root)))
+    proc = probe_play(tmp_path, configs, root)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    out = json.loads((tmp_path / "keep-False.json").read_text())
+    text = "\n".join(out["problems"])
+    assert f"{root}/alpha/config.toml: [engine] extra_args: --api-key (as vLLM's parser reads extra_args)" in text
+    assert f"{root}/beta/config.toml: [engine] extra_args: vLLM's own parser refuses" in text
+    assert "unrecognized arguments: --bogus" in text
+    assert f"{root}/beta/config.toml: [model] max_model_len: 40960 is more than the model allows (2048 tokens" in text
+    assert f"{root}/gamma/config.toml: [model] trust_remote_code: true would run the code" in text
+    assert "modeling_x.py" in text and "not-a-real-key" not in text
+    assert out["extra_args_checked"] == ["alpha", "beta"]
+    assert out["orphans"] == ["old", "older"] and out["orphan_folders"] == ["old"]
+    assert out["orphan_ports"] == {"old": 8001}
+    kept = "\n".join(json.loads((tmp_path / "keep-True.json").read_text())["problems"])
+    assert (
+        f"{root}/alpha/config.toml: [server] port: 8001 is held by old, which left vllm_instances and is kept" in kept
+    )

@@ -224,3 +224,50 @@ def test_module_reports_kind_and_never_the_key(run_module, tmp_path):
     assert "module-key" not in json.dumps(result)
     failed, result = run_module(module.main, {"served_name": "x", "api_key_file": str(tmp_path / "none")})
     assert failed and "cannot read the key file" in result["msg"]
+
+
+@pytest.mark.parametrize(
+    ("key", "why"),
+    [
+        ("ключ-" + KEY, "holds non-ASCII characters"),  # not Latin-1: http.client would raise UnicodeEncodeError
+        (KEY + "é", "holds non-ASCII characters"),  # Latin-1 but not ASCII
+        (KEY + "\r\nX-Injected: 1", "holds whitespace or control characters"),
+        (KEY + " " + KEY, "holds whitespace or control characters"),
+    ],
+)
+def test_a_key_no_header_can_carry_is_a_clean_failure_before_any_request(key, why):
+    clock = Clock()
+    replay = Replay(clock)
+    with pytest.raises(GateFailure) as info:
+        run(replay, clock, key=key)
+    assert info.value.kind == "key_invalid" and info.value.step == "key"
+    assert why in info.value.msg and "rotate it (vllm_service_rotate_keys)" in info.value.msg
+    assert key not in info.value.msg and KEY not in info.value.msg
+    assert replay.calls == []  # nothing was sent
+
+
+def test_the_real_transport_with_such_a_key_would_raise_which_the_gate_prevents():
+    """What the gate guards against: http.client refuses a non-Latin-1 header value with a traceback."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", 9)
+    conn.putrequest("GET", "/v1/models")
+    with pytest.raises(UnicodeEncodeError):
+        conn.putheader("Authorization", "Bearer ключ")
+
+
+def test_module_takes_a_key_file_never_a_key(run_module, tmp_path):
+    import vllm_endpoint as module
+
+    failed, result = run_module(module.main, {"served_name": "x", "api_key": KEY, "timeout": 1})
+    assert failed and "api_key" in result["msg"] and KEY not in json.dumps(result)
+    key_file = tmp_path / "api_key"
+    key_file.write_bytes(b"\xff\xfe" + KEY.encode())
+    failed, result = run_module(module.main, {"served_name": "x", "api_key_file": str(key_file), "timeout": 1})
+    assert failed and result["kind"] == "key_invalid" and "is not UTF-8 text" in result["msg"]
+    key_file.write_text("ключ-" + KEY + "\n", encoding="utf-8")
+    failed, result = run_module(
+        module.main, {"url": "http://127.0.0.1:9", "served_name": "x", "api_key_file": str(key_file), "timeout": 1}
+    )
+    assert failed and result["kind"] == "key_invalid" and "holds non-ASCII characters" in result["msg"]
+    assert KEY not in json.dumps(result)

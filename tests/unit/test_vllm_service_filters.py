@@ -27,8 +27,9 @@ FIX = Path(__file__).resolve().parent / "fixtures" / "vllm_service"
 LAUNCHER_ON_HOST = "/usr/local/lib/rigops-vllm/rigops-vllm-launch"
 # `ansible_managed | comment` with Ansible's default ansible_managed
 HEADER = "#\n# Ansible managed\n#"
-# served names a TOML template with to_json gets wrong (surrogate escapes, raw DEL)
-NASTY = 'tiny 😀 "quoted" back\\slash\nnew line\ttab \x00\x1f\x7f é'
+# served names a TOML template with to_json gets wrong (surrogate escapes, raw DEL); a NUL is refused
+# (no command line can carry it: exec would fail), see test_a_nul_in_a_served_name_is_refused
+NASTY = 'tiny 😀 "quoted" back\\slash\nnew line\ttab \x1f\x7f é'
 
 
 def load_plugin():
@@ -141,6 +142,14 @@ def test_a_nasty_served_name_round_trips_exactly():
     # the old to_json way does not give TOML for it (a surrogate pair escape)
     with pytest.raises(tomllib.TOMLDecodeError):
         tomllib.loads(f"served_name = {json.dumps(NASTY)}\n")
+
+
+def test_a_nul_in_a_served_name_is_refused():
+    cfg = load(FIX / "alpha.config.toml")
+    cfg["model"]["served_name"] = "tiny\x00"
+    text = plugin.render_toml(cfg, HEADER, LAUNCHER_ON_HOST)
+    assert tomllib.loads(text) == cfg  # TOML holds it ...
+    assert any("served_name: holds a NUL character" in p for p in validate(cfg, "x", check_files=False)[1])
 
 
 def test_the_launcher_accepts_the_rendered_file_with_a_nasty_name(tmp_path):
