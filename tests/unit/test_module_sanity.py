@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-MODULES = sorted((ROOT / "library").glob("*.py"))
+MODULES = sorted((ROOT / "library").glob("*.py")) + sorted((ROOT / "roles").glob("*/library/*.py"))
 # Option names that carry secrets: declared no_log (a path to a secret, api_key_file, is not one).
 SECRET = re.compile(r"(^|_)(token|password|secret|api_key)$")
 
@@ -154,7 +154,7 @@ def test_ansible_doc_renders_it(module_file):
     assert exe, "ansible-doc not found next to the test's Python"
     env = dict(
         os.environ,
-        ANSIBLE_LIBRARY=str(ROOT / "library"),
+        ANSIBLE_LIBRARY=str(module_file.parent),
         ANSIBLE_MODULE_UTILS=str(ROOT / "module_utils"),
         ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
     )

@@ -62,15 +62,25 @@ def changed(**edits):
 CASES = {
     "utilization 1.5": (
         changed(alpha__engine__gpu_memory_utilization=1.5),
-        "[engine] gpu_memory_utilization: 1.5 is out of range",
+        "vllm_instances[0].engine.gpu_memory_utilization: 1.5 is above 1",
     ),
     "tp larger than the GPU group": (
         changed(alpha__engine__tensor_parallel_size=2),
         "tensor_parallel_size: 2 is larger than the instance's GPU group",
     ),
-    "unknown [engine] key": (changed(beta__engine__max_batch=4), "[engine] max_batch: unknown key"),
-    "port clash": (changed(beta__port=8001), "port 8001 is claimed by alpha, beta"),
-    "remote code not allowed": (changed(alpha__model__trust_remote_code=True), "not in [security] remote_code_allowed"),
+    "unknown [engine] key": (
+        changed(beta__engine__max_batch=4),
+        "vllm_instances[1].engine.max_batch: 4 is an unknown key",
+    ),
+    "port clash": (changed(beta__port=8001), "vllm_instances[1].port: 8001 is claimed by 2 instances"),
+    "remote code not allowed": (
+        changed(alpha__model__trust_remote_code=True),
+        "which is not in vllm_service_remote_code_allowed",
+    ),
+    "key too short": (changed(beta__security={"api_key": "short-secret"}), "security.api_key: <redacted> is shorter"),
+    "extra_args sets the key": (changed(beta__engine={"extra_args": ["--api_key=x"]}), "sets --api-key"),
+    "extra_args unknown to vLLM": (changed(beta__engine={"extra_args": ["--no-such-flag"]}), "unrecognized arguments"),
+    "max_model_len above the model": (changed(alpha__model__max_model_len=1000000), "is more than the model allows"),
 }
 
 
@@ -120,7 +130,7 @@ def test_rotation_replaces_one_key_and_restarts_only_that_instance(host):
     assert new != old and re.fullmatch(r"[A-Za-z0-9_-]{43,}", new)
     assert new not in out and old not in out
     f = host.file("/etc/vllm/beta/api_key")
-    assert (f.user, f.group, f.mode) == ("root", "vllm", 0o640)
+    assert (f.user, f.group, f.mode) == ("root", "root", 0o600)
     after = state(host)
     assert after["alpha"] == before["alpha"]
     assert after["beta"][0] != before["beta"][0]  # restarted by the handler, then gated

@@ -24,7 +24,9 @@ def test_unit_file_is_root_owned_and_hardened(host):
     assert (unit.user, unit.group, unit.mode) == ("root", "root", 0o644)
     text = unit.content_string
     for line in (
-        "User=vllm",
+        "DynamicUser=yes",
+        "User=vllm-%i",
+        "SupplementaryGroups=vllm",
         "Restart=on-failure",
         "NoNewPrivileges=yes",
         "ProtectSystem=strict",
@@ -41,21 +43,31 @@ def test_unit_file_is_root_owned_and_hardened(host):
 def test_config_and_key_modes_and_owners(host, name):
     folder = host.file(f"/etc/vllm/{name}")
     assert (folder.user, folder.group, folder.mode) == ("root", "vllm", 0o750)
-    for path in (f"/etc/vllm/{name}/config.toml", f"/etc/vllm/{name}/api_key"):
-        f = host.file(path)
-        assert (f.user, f.group, f.mode) == ("root", "vllm", 0o640), path
+    f = host.file(f"/etc/vllm/{name}/config.toml")
+    assert (f.user, f.group, f.mode) == ("root", "vllm", 0o640)
+    # the key is root's alone; systemd hands it to this instance only, as the credential api_key
+    f = host.file(f"/etc/vllm/{name}/api_key")
+    assert (f.user, f.group, f.mode) == ("root", "root", 0o600)
+    dropin = host.file(f"/etc/systemd/system/vllm@{name}.service.d/credentials.conf")
+    assert (dropin.user, dropin.group, dropin.mode) == ("root", "root", 0o644)
+    assert f"LoadCredential=api_key:/etc/vllm/{name}/api_key" in dropin.content_string
     k = key(host, name)
     assert re.fullmatch(r"[A-Za-z0-9_-]{43,}", k), "a token_urlsafe(32) key"
     assert key(host, "alpha") != key(host, "beta")
 
 
 @pytest.mark.parametrize("name", sorted(INSTANCES))
-def test_services_active_enabled_as_vllm_without_privileges(host, name):
+def test_services_active_enabled_as_their_own_user_without_privileges(host, name):
     svc = host.service(f"vllm@{name}")
     assert svc.is_running and svc.is_enabled
     pid = host.check_output(f"systemctl show -p MainPID --value vllm@{name}")
     status = host.file(f"/proc/{pid}/status").content_string
-    assert re.search(r"^Uid:\s+(\d+)", status, re.M).group(1) == host.check_output("id -u vllm")
+    # its own dynamic user (systemd's range 61184-65519), in the vllm group (the weights, the configs)
+    uid = int(re.search(r"^Uid:\s+(\d+)", status, re.M).group(1))
+    assert 61184 <= uid <= 65519
+    assert host.check_output(f"systemctl show -p User --value vllm@{name}") == f"vllm-{name}"
+    groups = re.search(r"^Groups:(.*)$", status, re.M).group(1).split()
+    assert host.check_output("getent group vllm | cut -d: -f3") in groups
     assert re.search(r"^CapEff:\s+0+$", status, re.M)
     assert re.search(r"^NoNewPrivs:\s+1$", status, re.M)
     # the launcher exec'd vLLM: the main process is the server itself
@@ -82,6 +94,22 @@ def test_key_absent_from_ps_unit_journal(host, name):
     assert k not in host.check_output(f"systemctl show vllm@{name}")
     assert k not in host.check_output(f"journalctl -u vllm@{name} --no-pager -o cat")
     assert k not in host.check_output("journalctl --no-pager -o cat -n 5000")
+
+
+def test_an_instance_reads_neither_the_others_key_nor_its_environment(host):
+    """alpha's user can read neither beta's key file nor beta's /proc/<pid>/environ (where vLLM keeps the key)."""
+    pids = {n: host.check_output(f"systemctl show -p MainPID --value vllm@{n}") for n in INSTANCES}
+    ids = {
+        n: re.search(r"^Uid:\s+(\d+).*?^Gid:\s+(\d+)", host.file(f"/proc/{pid}/status").content_string, re.M | re.S)
+        for n, pid in pids.items()
+    }
+    assert ids["alpha"].group(1) != ids["beta"].group(1)
+    as_alpha = f"setpriv --reuid={ids['alpha'].group(1)} --regid={ids['alpha'].group(2)} --clear-groups"
+    # the check can fail: root (no setpriv) reads them
+    assert host.run(f"cat /proc/{pids['beta']}/environ").rc == 0
+    for path in ("/etc/vllm/beta/api_key", f"/proc/{pids['beta']}/environ", "/etc/vllm/alpha/api_key"):
+        res = host.run(f"{as_alpha} cat {path}")
+        assert res.rc != 0 and key(host, "beta") not in res.stdout, path
 
 
 def test_dry_run_prints_argv_and_env_names_never_the_key(host):

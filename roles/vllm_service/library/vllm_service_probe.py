@@ -12,13 +12,13 @@ description:
     (module_utils/vllm_config.py).
   - C(max_model_len) against the staged model's C(config.json) (C(max_position_embeddings) and the like, stretched
     by rope scaling), unless O(allow_long_max_model_len).
-  - The code a C(local) model ships (C(auto_map) in C(config.json) or C(tokenizer_config.json), C(*.py) files):
+  - The code a C(local) model ships (C(auto_map) in C(config.json) or C(tokenizer_config.json), C(*.py) files)
     with C(trust_remote_code) and a path outside the allow list it is refused; otherwise noted.
   - C(extra_args) parsed by vLLM's own argument parser, from the runtime the config names (both spellings,
-    C(=) forms, abbreviations, positionals): what the config owns, or what would bypass its checks, is refused,
+    C(=) forms, abbreviations, positionals). What the config owns, or what would bypass its checks, is refused,
     and so is whatever the parser refuses (unknown flags, bad values). Only instances with C(extra_args) start the
     runtime's python.
-  - Instances on the host that left the inventory (orphans): folders C(<config_root>/<name>/config.toml) and units
+  - Instances on the host that left the inventory (orphans), found from folders C(<config_root>/<name>/config.toml) and units
     C(vllm@<name>.service) (loaded, enabled, or with a drop-in), with the port each config holds.
   - The key is never read.
 version_added: "0.1.0"
