@@ -1,8 +1,5 @@
 """module_utils/nvidia_smi.py and the nvidia_gpu_facts module."""
 
-import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import nvidia_gpu_facts as facts_module
@@ -223,17 +220,3 @@ def test_module_runs_nvidia_smi(run_module, tmp_path, real_path):
     assert not failed, result
     assert result["ansible_facts"]["nvidia_gpu"]["gpus"][0]["compute_capability"] == "8.0"
     assert result["sources"] == {"xml": "command", "query": "command"}
-
-
-@pytest.mark.parametrize("module", ["nvidia_gpu_facts", "gpu_topology"])
-def test_ansible_doc_renders(module):
-    doc = shutil.which("ansible-doc") or "/tmp/probe/venv/bin/ansible-doc"
-    if not os.path.exists(doc):
-        pytest.skip("ansible-doc not installed")
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"))
-    proc = subprocess.run(
-        [doc, "-M", "library", module], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert module in proc.stdout and "EXAMPLES" in proc.stdout and "RETURN VALUES" in proc.stdout
-    assert "[WARNING]" not in proc.stderr, proc.stderr
