@@ -106,7 +106,7 @@ SCHEMA: dict[str, dict[str, _Spec]] = {
         "host": _Spec("str", "127.0.0.1", "bind address; not loopback needs a key and allow_remote_bind"),
         "port": _Spec("int", None, "TCP port, unique on the host", _port, "a port between 1 and 65535"),
         "allow_remote_bind": _Spec("bool", False, "true allows a non-loopback host (vllm_service_allow_remote_bind)"),
-        "key_file": _Spec("str", "", "the API key's file (root 0600; the unit's credential api_key); empty: no key"),
+        "key_file": _Spec("str", "", "the API key's file (root:vllm-<instance> 0640); empty: no key"),
         "gpus": _Spec("list[int]", [], "GPU indices the instance owns (CUDA_VISIBLE_DEVICES); [] on cpu"),
         "python": _Spec("str", None, "the runtime release's python that runs vLLM"),
         "cache_dir": _Spec("str", "", "VLLM_CACHE_ROOT, HF_HOME, MODELSCOPE_CACHE, XDG_CACHE_HOME live below"),
@@ -357,37 +357,27 @@ def check_model_dir(path, where="config.toml"):
     return problems
 
 
-def read_key(server, credentials_dir=None):
-    """The API key: systemd credential `api_key` first, then [server] key_file. None if absent.
-
-    Under vllm@<instance>.service the key file is root's alone (0600): the service reads the
-    credential systemd hands it ($CREDENTIALS_DIRECTORY/api_key, LoadCredential= in the unit's
-    drop-in); `--check` and `--dry-run`, run as root, read the file.
-    """
-    paths = []
-    if credentials_dir:
-        paths.append(os.path.join(credentials_dir, "api_key"))
-    if server.get("key_file"):
-        paths.append(server["key_file"])
-    for path in paths:
-        try:
-            with open(path, encoding="utf-8") as fh:
-                key = fh.read().strip()
-        except (OSError, ValueError):  # unreadable, or not UTF-8 (check_key says so)
-            continue
-        if key:
-            return key
-    return None
+def read_key(server):
+    """The API key from [server] key_file (root:vllm-<instance> 0640: the instance's own user, and
+    root for `--check` and `--dry-run`, read it). None if absent or unreadable."""
+    if not server.get("key_file"):
+        return None
+    try:
+        with open(server["key_file"], encoding="utf-8") as fh:
+            key = fh.read().strip()
+    except (OSError, ValueError):  # unreadable, or not UTF-8 (check_key says so)
+        return None
+    return key or None
 
 
-def check_key(server, security, where="config.toml", credentials_dir=None):
+def check_key(server, security, where="config.toml"):
     if not security.get("require_key"):
         return []
-    key = read_key(server, credentials_dir)
+    key = read_key(server)
     if key is None:
         return [
             f"{where}: [server] key_file: {server.get('key_file')} is missing, empty or unreadable (or not UTF-8) "
-            "while [security] require_key is true (the service reads it as the credential api_key); rerun the "
+            "while [security] require_key is true; rerun the "
             "vllm_service role (it creates the key) or set security.api_key"
         ]
     what = schema.key_problem(key)
@@ -772,7 +762,7 @@ def placement(configs, limit=0.95):
     return problems
 
 
-def validate(raw, where="config.toml", visible_gpus=None, check_files=True, credentials_dir=None):
+def validate(raw, where="config.toml", visible_gpus=None, check_files=True):
     """(normalized config, problems) for one parsed file; check_files adds model dir and key checks."""
     cfg, problems = normalize(raw, where)
     if problems:
@@ -780,7 +770,7 @@ def validate(raw, where="config.toml", visible_gpus=None, check_files=True, cred
     problems = check_policy(cfg, where, visible_gpus)
     if check_files:
         problems += check_model_dir(cfg["model"]["path"], where)
-        problems += check_key(cfg["server"], cfg["security"], where, credentials_dir)
+        problems += check_key(cfg["server"], cfg["security"], where)
         python = cfg["server"]["python"]
         if not os.access(python, os.X_OK):
             problems.append(

@@ -231,10 +231,8 @@ def test_key_file_checks(raw, tmp_path):
         assert why in found and bad not in found
     (tmp_path / "api_key").write_bytes(b"\xff\xfe" + b"A" * 40)  # not UTF-8: a clean refusal, no traceback
     assert "not UTF-8" in vllm_config.check_key(cfg["server"], cfg["security"])[0]
-    creds = tmp_path / "creds"
-    creds.mkdir()
-    (creds / "api_key").write_text("B" * 43)
-    assert vllm_config.read_key(cfg["server"], str(creds)) == "B" * 43
+    (tmp_path / "api_key").write_text("B" * 43 + "\n")
+    assert vllm_config.read_key(cfg["server"]) == "B" * 43
 
 
 def test_launcher_cli_preflight_and_check(raw, tmp_path):

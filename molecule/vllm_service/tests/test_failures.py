@@ -130,7 +130,7 @@ def test_rotation_replaces_one_key_and_restarts_only_that_instance(host):
     assert new != old and re.fullmatch(r"[A-Za-z0-9_-]{43,}", new)
     assert new not in out and old not in out
     f = host.file("/etc/vllm/beta/api_key")
-    assert (f.user, f.group, f.mode) == ("root", "root", 0o600)
+    assert (f.user, f.group, f.mode) == ("root", "vllm-beta", 0o640)
     after = state(host)
     assert after["alpha"] == before["alpha"]
     assert after["beta"][0] != before["beta"][0]  # restarted by the handler, then gated

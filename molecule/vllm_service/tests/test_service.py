@@ -24,8 +24,8 @@ def test_unit_file_is_root_owned_and_hardened(host):
     assert (unit.user, unit.group, unit.mode) == ("root", "root", 0o644)
     text = unit.content_string
     for line in (
-        "DynamicUser=yes",
         "User=vllm-%i",
+        "Group=vllm-%i",
         "SupplementaryGroups=vllm",
         "Restart=on-failure",
         "NoNewPrivileges=yes",
@@ -45,12 +45,9 @@ def test_config_and_key_modes_and_owners(host, name):
     assert (folder.user, folder.group, folder.mode) == ("root", "vllm", 0o750)
     f = host.file(f"/etc/vllm/{name}/config.toml")
     assert (f.user, f.group, f.mode) == ("root", "vllm", 0o640)
-    # the key is root's alone; systemd hands it to this instance only, as the credential api_key
+    # the key: root and this instance's own group only
     f = host.file(f"/etc/vllm/{name}/api_key")
-    assert (f.user, f.group, f.mode) == ("root", "root", 0o600)
-    dropin = host.file(f"/etc/systemd/system/vllm@{name}.service.d/credentials.conf")
-    assert (dropin.user, dropin.group, dropin.mode) == ("root", "root", 0o644)
-    assert f"LoadCredential=api_key:/etc/vllm/{name}/api_key" in dropin.content_string
+    assert (f.user, f.group, f.mode) == ("root", f"vllm-{name}", 0o640)
     k = key(host, name)
     assert re.fullmatch(r"[A-Za-z0-9_-]{43,}", k), "a token_urlsafe(32) key"
     assert key(host, "alpha") != key(host, "beta")
@@ -62,10 +59,9 @@ def test_services_active_enabled_as_their_own_user_without_privileges(host, name
     assert svc.is_running and svc.is_enabled
     pid = host.check_output(f"systemctl show -p MainPID --value vllm@{name}")
     status = host.file(f"/proc/{pid}/status").content_string
-    # its own dynamic user (systemd's range 61184-65519), in the vllm group (the weights, the configs)
-    uid = int(re.search(r"^Uid:\s+(\d+)", status, re.M).group(1))
-    assert 61184 <= uid <= 65519
-    assert host.check_output(f"systemctl show -p User --value vllm@{name}") == f"vllm-{name}"
+    # its own user, in the vllm group (the weights, the configs)
+    uid = re.search(r"^Uid:\s+(\d+)", status, re.M).group(1)
+    assert uid == host.check_output(f"id -u vllm-{name}") != host.check_output("id -u vllm")
     groups = re.search(r"^Groups:(.*)$", status, re.M).group(1).split()
     assert host.check_output("getent group vllm | cut -d: -f3") in groups
     assert re.search(r"^CapEff:\s+0+$", status, re.M)
