@@ -169,3 +169,11 @@ def test_a_failing_driver_fails_the_check(tmp_path):
     (line,) = proc.stdout.splitlines()
     assert line.endswith(" FAILED") and "parse=FAILED" in line
     assert "FAILED: nvidia-smi -q -x" in (tmp_path / "out" / "checks.log").read_text()
+
+
+@pytest.mark.skipif(
+    shutil.which("shellcheck") is None, reason="shellcheck is not installed (apt-get install shellcheck)"
+)
+def test_the_script_is_shellcheck_clean():
+    proc = subprocess.run(["shellcheck", str(SCRIPT)], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout
