@@ -24,8 +24,8 @@ Choices made here (docs/instances.md says the same):
   reads the inventory itself, and a value that one reader converts and another does not is how
   two instances end up on "different" ports 8000 and "8000";
 - an instance name is at most NAME_MAX (26) characters: each instance runs under its own
-  systemd dynamic user `vllm-<name>`, and systemd refuses user names longer than 31 characters
-  (utmp); the unit `vllm@<name>.service` (255) and the folder `/etc/vllm/<name>` (255) fit
+  system user `vllm-<name>`, and user names longer than 31 characters are refused
+  (utmp, systemd); the unit `vllm@<name>.service` (255) and the folder `/etc/vllm/<name>` (255) fit
   easily within that.
 """
 
@@ -37,7 +37,7 @@ import math
 import re
 
 NAME_RE = re.compile(r"\A[a-z0-9][a-z0-9-]*\Z")
-# systemd user names are at most 31 characters; each instance runs as `vllm-<name>` (DynamicUser).
+# user names are at most 31 characters; each instance runs as its own user `vllm-<name>`.
 USER_PREFIX = "vllm-"
 NAME_MAX = 31 - len(USER_PREFIX)
 PORT_MIN, PORT_MAX, PORT_UNPRIVILEGED = 1, 65535, 1024

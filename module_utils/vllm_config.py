@@ -64,6 +64,26 @@ DTYPES = schema.DTYPES
 # key on the command line. The host's probe also parses extra_args with vLLM's own parser.
 MANAGED_FLAGS = tuple(schema.MANAGED_OPTIONS)
 SECRET_ENV = ("VLLM_API_KEY",)
+# What caches where, below the instance's cache directory (the unit's CacheDirectory=, [server] cache_dir);
+# ("", root itself). HOME: the instance user's home is /nonexistent (nothing is writable under ProtectSystem=strict), and
+# what has no variable of its own falls back to ~ (Triton's ~/.triton, FlashInfer's and DeepGEMM's JIT
+# caches). XDG_CACHE_HOME: torch's extension builds, platformdirs users (outlines). VLLM_CACHE_ROOT: vLLM's
+# torch.compile cache (it points TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR below it while it compiles),
+# its assets. The others are read by their own library: HF_HOME (huggingface_hub, transformers),
+# MODELSCOPE_CACHE (modelscope), CUDA_CACHE_PATH (the CUDA driver's PTX JIT cache, else ~/.nv/ComputeCache),
+# TRITON_CACHE_DIR (Triton's kernels outside vLLM's compile cache), TORCHINDUCTOR_CACHE_DIR (inductor,
+# else /tmp/torchinductor_<user>, lost on restart), TORCH_HOME (torch.hub).
+CACHE_ENV = (
+    ("HOME", ""),
+    ("XDG_CACHE_HOME", ""),
+    ("VLLM_CACHE_ROOT", ""),
+    ("HF_HOME", "huggingface"),
+    ("MODELSCOPE_CACHE", "modelscope"),
+    ("CUDA_CACHE_PATH", "nv/ComputeCache"),
+    ("TRITON_CACHE_DIR", "triton"),
+    ("TORCHINDUCTOR_CACHE_DIR", "torchinductor"),
+    ("TORCH_HOME", "torch"),
+)
 # The sections of config.toml, in the order the file lists them.
 SECTIONS = ("server", "model", "engine", "security", "metrics")
 
@@ -109,7 +129,7 @@ SCHEMA: dict[str, dict[str, _Spec]] = {
         "key_file": _Spec("str", "", "the API key's file (root:vllm-<instance> 0640); empty: no key"),
         "gpus": _Spec("list[int]", [], "GPU indices the instance owns (CUDA_VISIBLE_DEVICES); [] on cpu"),
         "python": _Spec("str", None, "the runtime release's python that runs vLLM"),
-        "cache_dir": _Spec("str", "", "VLLM_CACHE_ROOT, HF_HOME, MODELSCOPE_CACHE, XDG_CACHE_HOME live below"),
+        "cache_dir": _Spec("str", "", "HOME and every cache live below (CACHE_ENV)"),
     },
     "model": {
         "served_name": _Spec("str", None, "the name clients ask for (--served-model-name)"),
@@ -700,13 +720,16 @@ def build_env(cfg, base_env, key=None, runtime_dir=None):
     # torch.distributed's gloo binds the address the host name resolves to unless told an interface.
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     if server["gpus"]:
+        # `gpus` are nvidia-smi's indices (PCI bus order), which the topology gate and the unit's device
+        # drop-in use too; CUDA numbers GPUs fastest first unless told the bus order.
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in server["gpus"])
     if server["cache_dir"]:
+        # The unit's CacheDirectory= (writable, the working directory) is the only place vLLM may write
+        # besides /tmp (private, lost on restart): everything that caches goes below it (CACHE_ENV).
         root = server["cache_dir"]
-        env["VLLM_CACHE_ROOT"] = root
-        env["HF_HOME"] = os.path.join(root, "huggingface")
-        env["MODELSCOPE_CACHE"] = os.path.join(root, "modelscope")
-        env["XDG_CACHE_HOME"] = root
+        for name, sub in CACHE_ENV:
+            env[name] = os.path.join(root, sub) if sub else root
     env.setdefault("TMPDIR", "/tmp")
     env["VLLM_RPC_BASE_PATH"] = runtime_dir or env["TMPDIR"]
     if key is not None:

@@ -337,7 +337,7 @@ def gate(
         raise GateFailure(
             "key_not_required",
             f"{url}: HTTP {resp.status} without a key, but a key is required: the service runs without "
-            "VLLM_API_KEY; check the key file and the unit's credential, then restart it",
+            "VLLM_API_KEY; check the key file and the launcher's journal, then restart it",
             "models_nokey",
             resp.status,
         )

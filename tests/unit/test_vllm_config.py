@@ -114,10 +114,21 @@ def test_env_offline_modelscope_noproxy_gpus_and_no_secret_without_key(raw):
     assert env["NO_PROXY"] == "corp.example,127.0.0.1,localhost,::1"
     assert env["no_proxy"] == "127.0.0.1,localhost,::1"
     assert env["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"  # CUDA numbers as nvidia-smi (and `gpus`) do
     assert env["VLLM_CACHE_ROOT"] == "/var/cache/vllm/alpha"
+    assert env["HOME"] == "/var/cache/vllm/alpha"  # a dynamic user's home (/) is read-only
+    assert env["TRITON_CACHE_DIR"] == "/var/cache/vllm/alpha/triton"
     assert env["VLLM_RPC_BASE_PATH"] == "/run/vllm-alpha"
     assert "VLLM_CPU_KVCACHE_SPACE" not in env
     assert "VLLM_API_KEY" not in env  # only the launcher's key counts, never one inherited
+
+
+def test_env_without_gpus_sets_no_cuda_variable_and_caches_stay_below_the_cache_dir(raw):
+    cfg, _ = normalize(raw)
+    env = build_env(cfg, {"HOME": "/"})
+    assert "CUDA_DEVICE_ORDER" not in env and "CUDA_VISIBLE_DEVICES" not in env
+    for name, _sub in vllm_config.CACHE_ENV:
+        assert env[name].startswith("/var/cache/vllm/alpha"), name
 
 
 def test_dry_run_names_the_key_variable_never_its_value(raw):

@@ -202,7 +202,12 @@ def test_the_header_must_be_comment_lines(header):
 
 
 def test_filters_turn_value_errors_into_filter_errors():
-    assert set(plugin.FilterModule().filters()) == {"rigops_vllm_instances", "rigops_vllm_configs", "rigops_vllm_toml"}
+    assert set(plugin.FilterModule().filters()) == {
+        "rigops_vllm_instances",
+        "rigops_vllm_configs",
+        "rigops_vllm_toml",
+        "rigops_vllm_devices",
+    }
     with pytest.raises(AnsibleFilterError, match=r"vllm_instances\[0\] \(a\): model: 'x' is not a mapping"):
         plugin.rigops_vllm_instances([{"name": "a", "model": "x"}], {})
     with pytest.raises(AnsibleFilterError, match="settings lack"):

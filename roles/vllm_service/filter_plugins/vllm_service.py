@@ -7,9 +7,13 @@
 - ``rigops_vllm_configs(instances, staged, settings)``: one config per instance, what its
   config.toml holds (vllm_config.build_configs);
 - ``rigops_vllm_toml(config, header, launcher)``: the whole text of one config.toml, written
-  by a TOML library (tomli-w) under the ``ansible_managed`` header and the file's comments.
+  by a TOML library (tomli-w) under the ``ansible_managed`` header and the file's comments;
+- ``rigops_vllm_devices(instances, flavour, gpu_facts, extra)``: per instance, the device nodes its
+  unit may open (the drop-in devices.conf), minor numbers from the GPU facts
+  (vllm_devices.device_plans).
 
-The logic is module_utils/vllm_config.py, the very file the launcher runs with on the host.
+The logic is module_utils/vllm_config.py, the very file the launcher runs with on the host, and
+module_utils/vllm_devices.py (controller only).
 """
 
 import importlib.util
@@ -26,13 +30,13 @@ except ImportError:  # reported when the filter is used, with the fix
     tomli_w = None
 
 
-def _load_vllm_config():
+def _load(stem):
     # Imported by path: the project's module_utils folder (ansible.cfg `module_utils`) is only
     # a search path for the modules Ansible ships to hosts; the controller's Python cannot
-    # import it as ansible.module_utils.vllm_config. The file lies next to roles/ (the same
-    # file install.yml copies to hosts), whatever ansible.cfg or working directory runs us.
-    path = Path(__file__).resolve().parents[3] / "module_utils" / "vllm_config.py"
-    name = "rigops_vllm_service_vllm_config"
+    # import it as ansible.module_utils.<stem>. The file lies next to roles/ (vllm_config.py is the
+    # same file install.yml copies to hosts), whatever ansible.cfg or working directory runs us.
+    path = Path(__file__).resolve().parents[3] / "module_utils" / f"{stem}.py"
+    name = f"rigops_vllm_service_{stem}"
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
@@ -41,7 +45,8 @@ def _load_vllm_config():
     return sys.modules[name]
 
 
-vllm_config = _load_vllm_config()
+vllm_config = _load("vllm_config")
+vllm_devices = _load("vllm_devices")
 
 # TOML comments take no control character but tab (TOML 1.0).
 _COMMENT_BAD = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
@@ -133,12 +138,25 @@ def rigops_vllm_toml(config, header, launcher):
     return render_toml(config, header, launcher)
 
 
+def rigops_vllm_devices(instances, flavour, gpu_facts=None, extra=None):
+    try:
+        return vllm_devices.device_plans(
+            _plain(instances, "instances"),
+            str(flavour),
+            _plain(gpu_facts or {}, "gpu_facts"),
+            _plain(extra or [], "vllm_service_device_allow"),
+        )
+    except ValueError as exc:
+        raise AnsibleFilterError(str(exc)) from exc
+
+
 class FilterModule:
-    """vllm_service: instances, configs and config.toml text (see the module's docstring)."""
+    """vllm_service: instances, configs, config.toml text, device plans (see the module's docstring)."""
 
     def filters(self):
         return {
             "rigops_vllm_instances": rigops_vllm_instances,
             "rigops_vllm_configs": rigops_vllm_configs,
             "rigops_vllm_toml": rigops_vllm_toml,
+            "rigops_vllm_devices": rigops_vllm_devices,
         }

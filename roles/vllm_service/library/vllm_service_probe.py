@@ -18,8 +18,8 @@ description:
     C(=) forms, abbreviations, positionals). What the config owns, or what would bypass its checks, is refused,
     and so is whatever the parser refuses (unknown flags, bad values). Only instances with C(extra_args) start the
     runtime's python.
-  - Instances on the host that left the inventory (orphans), found from folders C(<config_root>/<name>/config.toml) and units
-    C(vllm@<name>.service) (loaded, enabled, or with a drop-in), with the port each config holds.
+  - Instances on the host that left the inventory (orphans), found from folders C(<config_root>/<name>/config.toml)
+    and units C(vllm@<name>.service) (loaded, enabled, or with a drop-in), with the port each config holds.
   - The key is never read.
 version_added: "0.1.0"
 author: rigops contributors
