@@ -64,15 +64,14 @@ DTYPES = schema.DTYPES
 # key on the command line. The host's probe also parses extra_args with vLLM's own parser.
 MANAGED_FLAGS = tuple(schema.MANAGED_OPTIONS)
 SECRET_ENV = ("VLLM_API_KEY",)
-# What caches where, below the instance's cache directory (the unit's CacheDirectory=, [server] cache_dir);
-# ("", root itself). HOME: the instance user's home is /nonexistent (nothing is writable under ProtectSystem=strict), and
-# what has no variable of its own falls back to ~ (Triton's ~/.triton, FlashInfer's and DeepGEMM's JIT
-# caches). XDG_CACHE_HOME: torch's extension builds, platformdirs users (outlines). VLLM_CACHE_ROOT: vLLM's
-# torch.compile cache (it points TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR below it while it compiles),
-# its assets. The others are read by their own library: HF_HOME (huggingface_hub, transformers),
-# MODELSCOPE_CACHE (modelscope), CUDA_CACHE_PATH (the CUDA driver's PTX JIT cache, else ~/.nv/ComputeCache),
-# TRITON_CACHE_DIR (Triton's kernels outside vLLM's compile cache), TORCHINDUCTOR_CACHE_DIR (inductor,
-# else /tmp/torchinductor_<user>, lost on restart), TORCH_HOME (torch.hub).
+# What caches where, below the instance's cache directory (the unit's CacheDirectory=, [server] cache_dir); ("", root
+# itself). HOME: the instance user's home is /nonexistent (nothing is writable under ProtectSystem=strict), and what
+# has no variable of its own falls back to ~ (Triton's ~/.triton, FlashInfer's and DeepGEMM's JIT caches).
+# XDG_CACHE_HOME: torch's extension builds, platformdirs users (outlines). VLLM_CACHE_ROOT: vLLM's torch.compile cache
+# (it points TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR below it while it compiles), its assets. The others are read
+# by their own library: HF_HOME (huggingface_hub, transformers), MODELSCOPE_CACHE (modelscope), CUDA_CACHE_PATH (the
+# CUDA driver's PTX JIT cache, else ~/.nv/ComputeCache), TRITON_CACHE_DIR (Triton's kernels outside vLLM's compile
+# cache), TORCHINDUCTOR_CACHE_DIR (inductor, else /tmp/torchinductor_<user>, lost on restart), TORCH_HOME (torch.hub).
 CACHE_ENV = (
     ("HOME", ""),
     ("XDG_CACHE_HOME", ""),
