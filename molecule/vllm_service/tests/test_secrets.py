@@ -1,0 +1,94 @@
+"""Keys set through the inventory (a vault file, the README's route) never leak.
+
+The main job's runtime, weights, services and health stages run on vs-rig at -vvv with both
+instances' keys from an ansible-vault file. Then the keys are searched for everywhere they must
+not be: the controller's output, the run's report, the rig's journal (modules log "Invoked with"
+and their arguments there), the rig's files outside the two key files, the process table and
+systemd's view of the units. And the keys still work: each instance answers its own key.
+"""
+
+import json
+import os
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from rigops_testinfra import ansible_playbook
+
+pytestmark = pytest.mark.changes_state
+
+ROOT = Path(os.environ["MOLECULE_PROJECT_DIRECTORY"])
+SCENARIO = Path(os.environ.get("MOLECULE_SCENARIO_DIRECTORY", Path(__file__).resolve().parent.parent))
+INSTANCES = yaml.safe_load((SCENARIO / "molecule.yml").read_text())["provisioner"]["inventory"]["host_vars"]["vs-rig"][
+    "vllm_instances"
+]
+KEYS = {
+    "alpha": "Vault-alpha-K3y-0123456789-abcdefghijklmnopqrstuv",
+    "beta": "Vault-beta-K3y-9876543210-zyxwvutsrqponmlkjihgfedc",
+}
+# Searched on the rig: everything a run can write to, but the key files themselves, the kernel's
+# views and the runtime (root-owned wheels that no run writes after their install).
+SEARCH = "/etc /var /run /tmp /root /home /srv /usr/local"
+
+
+@pytest.fixture(scope="module")
+def vault_run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("vault")
+    password = folder / "password"
+    password.write_text("rigops-sandbox-vault-password\n")
+    secrets_file = folder / "vault.yml"
+    secrets_file.write_text(yaml.safe_dump({f"vault_{name}_key": key for name, key in KEYS.items()}))
+    encrypt = [str(Path(os.environ.get("VIRTUAL_ENV", "")) / "bin" / "ansible-vault"), "encrypt"]
+    if not Path(encrypt[0]).exists():
+        encrypt[0] = "ansible-vault"
+    subprocess.run([*encrypt, "--vault-password-file", str(password), str(secrets_file)], check=True)
+    assert "$ANSIBLE_VAULT" in secrets_file.read_text()
+    instances = [dict(i, security={"api_key": "{{ vault_" + i["name"] + "_key }}"}) for i in INSTANCES]
+    extra = folder / "instances.json"
+    extra.write_text(json.dumps({"vllm_instances": instances, "rigops_report_dir": str(folder / "reports")}))
+    rc, out = ansible_playbook(
+        ROOT / "site.yml",
+        "-l", "vs-rig", "--tags", "runtime,weights,services,health", "-vvv",
+        "-e", f"@{secrets_file}", "-e", f"@{extra}", "--vault-password-file", str(password),
+    )  # fmt: skip
+    return rc, out, folder / "reports"
+
+
+def leaks(text):
+    return [name for name, key in KEYS.items() if key in text]
+
+
+def test_the_run_passes_with_the_vault_keys_in_place(host, vault_run):
+    rc, out, _ = vault_run
+    assert rc == 0, out[-4000:]
+    for name, key in KEYS.items():
+        assert host.check_output(f"cat /etc/vllm/{name}/api_key") == key
+        code = f"curl -s -o /dev/null -w '%{{http_code}}' -H {shlex.quote('Authorization: Bearer ' + key)} "
+        port = next(i["port"] for i in INSTANCES if i["name"] == name)
+        assert host.check_output(code + f"http://127.0.0.1:{port}/v1/models") == "200"
+
+
+def test_no_key_in_the_controller_output_or_the_report(vault_run):
+    _, out, reports = vault_run
+    assert "Invoked with" in out or "<127.0.0.1>" in out  # it really was -vvv
+    assert leaks(out) == []
+    texts = [p.read_text() for p in reports.glob("*.json")]
+    assert texts and leaks("".join(texts)) == []
+
+
+def test_no_key_in_the_rigs_journal_processes_or_units(host, vault_run):
+    assert leaks(host.check_output("journalctl --no-pager -o cat")) == []
+    assert leaks(host.check_output("ps -eo args")) == []
+    for name in KEYS:
+        assert leaks(host.check_output(f"systemctl show vllm@{name}")) == []
+        assert leaks(host.check_output(f"systemctl cat vllm@{name}")) == []
+
+
+def test_no_key_in_the_rigs_files_but_its_own_key_file(host, vault_run):
+    found = set()
+    for key in KEYS.values():
+        res = host.run(f"grep -rlsF -- {shlex.quote(key)} {SEARCH}")
+        found.update(res.stdout.split())
+    assert found == {"/etc/vllm/alpha/api_key", "/etc/vllm/beta/api_key"}
