@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The report of a bench run (playbooks/bench.yml): tables a person reads, plots, comparisons.
 
-    tools/bench_report.py RUN_DIR [--compare EARLIER_RUN_DIR] [--references FILE] [--no-plots]
+    tools/bench_report.py RUN_DIR [--compare EARLIER_RUN_DIR] [--reference [--references FILE]] [--no-plots]
 
 RUN_DIR is a run's folder (reports/bench/<UTC time>/): per host ``host.json`` (hardware,
 runtime releases, the run's parameters) and per instance ``instance.json``, ``config.toml``,
@@ -11,8 +11,9 @@ runtime releases, the run's parameters) and per instance ``instance.json``, ``co
 
 Writes into RUN_DIR: ``report.md`` (one table per instance: output tok/s, TTFT p50/p99, ITL
 p50, E2E p50, failed requests, peak memory, peak KV cache; a side-by-side table with ratios
-against ``--compare``; published figures for the same hardware), ``summary.json`` (the same
-figures), ``throughput.png``, ``ttft.png`` and ``memory.png``; prints the markdown.
+against ``--compare``; with ``--reference``, published figures for the same hardware, or a line
+saying none matches), ``summary.json`` (the same figures), ``throughput.png``, ``ttft.png`` and
+``memory.png``; prints the markdown.
 
 A step counts as FAILED when any request failed or none completed (a wrong key, an unknown
 model, a dead server): its speed and latency are not shown, so a failed run never reads as a
@@ -365,7 +366,10 @@ def status_cell(row: dict | None) -> str:
 def instance_heading(host: dict, instance: dict) -> list[str]:
     meta, runtime = instance["meta"], instance["runtime"] or {}
     via = "gateway" if meta.get("through_gateway") else "direct"
-    lines = [f"### {host['host']} / {instance['name']} ({meta.get('model_name') or meta.get('served_name') or '?'})", ""]
+    lines = [
+        f"### {host['host']} / {instance['name']} ({meta.get('model_name') or meta.get('served_name') or '?'})",
+        "",
+    ]
     details = [
         f"hardware: {hardware(host['facts'])}",
         f"runtime: {runtime.get('release') or '?'}",
@@ -415,7 +419,7 @@ def table_row(row: dict) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-def markdown(run: dict, comparison: list[dict] | None, before: dict | None, refs: dict) -> str:
+def markdown(run: dict, comparison: list[dict] | None, before: dict | None, refs: dict | None) -> str:
     out = [f"# Bench {Path(run['dir']).name}", ""]
     first = run["hosts"][0]["facts"].get("params") or {}
     if first:
@@ -448,12 +452,18 @@ def markdown(run: dict, comparison: list[dict] | None, before: dict | None, refs
             whys = [f"c={r['concurrency']}: {r['why']}" for r in instance["steps"] if r.get("why")]
             if whys:
                 out += ["Why: " + "; ".join(whys), ""]
-            short = [r["concurrency"] for r in instance["steps"] if (r.get("num_prompts") or 0) < (r["concurrency"] or 0)]
+            short = [
+                r["concurrency"] for r in instance["steps"] if (r.get("num_prompts") or 0) < (r["concurrency"] or 0)
+            ]
             if short:
-                out += [f"Note: fewer requests than the concurrency at c={short}: that concurrency was never reached.", ""]
+                out += [
+                    f"Note: fewer requests than the concurrency at c={short}: that concurrency was never reached.",
+                    "",
+                ]
     if comparison is not None:
         out += compare_markdown(comparison, before)
-    out += reference_markdown(refs)
+    if refs is not None:
+        out += reference_markdown(refs)
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -461,7 +471,9 @@ def compare_markdown(comparison: list[dict], before: dict) -> list[str]:
     out = ["## Compared with " + Path(before["dir"]).name, ""]
     if not comparison:
         return out + ["No instance of this run matches one of the earlier run (same host and name, or same name).", ""]
-    out.append("Ratios are this run / the earlier run: output tok/s above 1 is faster, TTFT and memory below 1 are better.")
+    out.append(
+        "Ratios are this run / the earlier run: output tok/s above 1 is faster, TTFT and memory below 1 are better."
+    )
     out.append("")
     for pair in comparison:
         out.append(f"### {'/'.join(pair['after'])} against {'/'.join(pair['before'])}")
@@ -507,12 +519,17 @@ def reference_markdown(refs: dict) -> list[str]:
     for host, entry in refs.items():
         if not entry["matches"]:
             known = ", ".join(sorted({r.get("hardware", "?") for r in entry["known"]})) or "none"
-            out.append(f"{host} ({entry['hardware']}): no published reference matches this hardware (references: {known}).")
+            out.append(
+                f"{host} ({entry['hardware']}): no published reference matches this hardware (references: {known})."
+            )
             out.append("")
             continue
         out.append(f"{host} ({entry['hardware']}), against figures users published for the same hardware:")
         out.append("")
-        out.append("| reference | workload | concurrency | published output tok/s | published TTFT s | instance | this run's step | output tok/s | ratio | TTFT p50 s |")
+        out.append(
+            "| reference | workload | concurrency | published output tok/s | published TTFT s | instance "
+            "| this run's step | output tok/s | ratio | TTFT p50 s |"
+        )
         out.append("|---|---|---:|---:|---:|---|---:|---:|---:|---:|")
         for c in entry["comparisons"]:
             ref, step = c["reference"], c["step"]
@@ -692,11 +709,12 @@ def plot_memory(run: dict, path: Path):
 # --------------------------------------------------------------------------- main
 
 
-def build(run_dir: Path, compare: Path | None = None, references: Path = REFERENCES, plots: bool = True) -> dict:
+def build(run_dir: Path, compare: Path | None = None, references: Path | None = None, plots: bool = True) -> dict:
+    """The report of a run; `references`: the published figures' file (None: no such section)."""
     run = load_run(run_dir)
     before = load_run(compare) if compare else None
     comparison = compare_runs(before, run) if before else None
-    refs = references_for(run, load_references(references) if references and Path(references).exists() else [])
+    refs = references_for(run, load_references(references)) if references else None
     text = markdown(run, comparison, before, refs)
     run_dir = Path(run_dir)
     (run_dir / "report.md").write_text(text)
@@ -726,7 +744,7 @@ def build(run_dir: Path, compare: Path | None = None, references: Path = REFEREN
             f"{h['host']}/{i['name']}: {i['error']}" for h in run["hosts"] for i in h["instances"] if i["error"]
         ],
         "compare": {"with": str(compare), "pairs": comparison} if comparison is not None else None,
-        "references": {h: {k: v for k, v in e.items() if k != "known"} for h, e in refs.items()},
+        "references": {h: {k: v for k, v in e.items() if k != "known"} for h, e in refs.items()} if refs else None,
         "files": files,
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1, default=str) + "\n")
@@ -737,10 +755,17 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("run_dir", type=Path, help="a run's folder, reports/bench/<UTC time>")
     parser.add_argument("--compare", type=Path, help="an earlier run's folder: side by side, with ratios")
-    parser.add_argument("--references", type=Path, default=REFERENCES, help="published figures (YAML)")
+    parser.add_argument(
+        "--reference", action="store_true", help="set published figures for the same hardware beside the run"
+    )
+    parser.add_argument(
+        "--references", type=Path, default=REFERENCES, help=f"the published figures (default {REFERENCES})"
+    )
     parser.add_argument("--no-plots", action="store_true", help="tables only")
     args = parser.parse_args(argv)
-    out = build(args.run_dir, args.compare, args.references, plots=not args.no_plots)
+    if args.reference and not args.references.exists():
+        parser.error(f"--references {args.references}: no such file")
+    out = build(args.run_dir, args.compare, args.references if args.reference else None, plots=not args.no_plots)
     sys.stdout.write(out["markdown"])
     return 0
 
