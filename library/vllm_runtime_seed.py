@@ -92,8 +92,8 @@ def main():
         with open(p["requirements"]) as fh:
             text = fh.read()
         result = seed(p["src"], p["dest"], text, dry_run=module.check_mode)
-    except (IOError, OSError, ValueError) as exc:
-        module.fail_json(msg="vllm_runtime_seed: {}".format(exc))
+    except (OSError, ValueError) as exc:
+        module.fail_json(msg=f"vllm_runtime_seed: {exc}")
     module.exit_json(changed=bool(result["seeded"]), **result)
 
 

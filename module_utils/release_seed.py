@@ -15,10 +15,7 @@ uv (which hardlinks from its cache) is not on the hosts. Only distributions pinn
 version are seeded; the rest are pip's. Plain data in and out; the I/O is stdlib (os, csv).
 """
 
-from __future__ import absolute_import, division, print_function
-
 import csv
-import io
 import os
 import re
 import shutil
@@ -59,7 +56,7 @@ def site_packages(venv):
 def _metadata(dist_info):
     name = version = None
     try:
-        with io.open(os.path.join(dist_info, "METADATA"), encoding="utf-8", errors="replace") as fh:
+        with open(os.path.join(dist_info, "METADATA"), encoding="utf-8", errors="replace") as fh:
             for line in fh:
                 if not line.strip():
                     break
@@ -67,7 +64,7 @@ def _metadata(dist_info):
                     name = line.split(":", 1)[1].strip()
                 elif line.startswith("Version:"):
                     version = line.split(":", 1)[1].strip()
-    except (IOError, OSError):
+    except OSError:
         return None, None
     return name, version
 
@@ -87,13 +84,13 @@ def record_files(dist_info, site, venv):
     """Absolute paths of the files a distribution's RECORD lists, each inside the venv; raises
     ValueError on a path that leaves it (a RECORD is data: never follow it outside)."""
     files = []
-    with io.open(os.path.join(dist_info, "RECORD"), encoding="utf-8", newline="") as fh:
+    with open(os.path.join(dist_info, "RECORD"), encoding="utf-8", newline="") as fh:
         for row in csv.reader(fh):
             if not row or not row[0]:
                 continue
             path = os.path.normpath(os.path.join(site, row[0]))
             if os.path.commonpath([path, venv]) != venv:
-                raise ValueError("RECORD of {} names {} outside the venv".format(os.path.basename(dist_info), row[0]))
+                raise ValueError(f"RECORD of {os.path.basename(dist_info)} names {row[0]} outside the venv")
             files.append(path)
     return files
 
@@ -103,7 +100,7 @@ def _is_script(path, old_python_dir):
     try:
         with open(path, "rb") as fh:
             first = fh.readline(4096)
-    except (IOError, OSError):
+    except OSError:
         return False
     return first.startswith(b"#!") and old_python_dir.encode() in first
 
@@ -112,10 +109,10 @@ def plan(old_venv, new_venv, pins):
     """What seed would do: (dists to seed [(name, version, dist-info)], reasons it cannot seed)."""
     old_site, new_site = site_packages(old_venv), site_packages(new_venv)
     if not old_site or not new_site:
-        return [], ["no site-packages in {}".format(old_venv if not old_site else new_venv)]
-    if os.path.basename(os.path.dirname(old_site)) != os.path.basename(os.path.dirname(new_site)):
-        return [], ["the venvs are made by different Pythons ({} and {})".format(
-            os.path.basename(os.path.dirname(old_site)), os.path.basename(os.path.dirname(new_site)))]
+        return [], [f"no site-packages in {old_venv if not old_site else new_venv}"]
+    old_python, new_python = (os.path.basename(os.path.dirname(site)) for site in (old_site, new_site))
+    if old_python != new_python:
+        return [], [f"the venvs are made by different Pythons ({old_python} and {new_python})"]
     present = {name for name, _, _ in installed(new_site)}
     dists = [d for d in installed(old_site) if pins.get(d[0]) == d[1] and d[0] not in present]
     return dists, []
@@ -161,5 +158,5 @@ def seed(old_venv, new_venv, requirements_text, dry_run=False):
                     os.link(src, dst)
                 except OSError:  # another file system: a copy
                     shutil.copy2(src, dst)
-        result["seeded"].append("{}=={}".format(name, version))
+        result["seeded"].append(f"{name}=={version}")
     return result

@@ -167,7 +167,9 @@ def test_main_job_inventory_serves_what_rig_5090_serves():
     assert host["ansible_port"] == 2391
 
 
-@pytest.mark.parametrize("name", ["main_job", "model_weights", "vllm_runtime", "connection_cost", "sandbox_runtime"])
+@pytest.mark.parametrize(
+    "name", ["main_job", "model_weights", "vllm_runtime", "connection_cost", "sandbox_runtime", "gateway"]
+)
 def test_each_benchmark_runs_as_a_script(name):
     """``./rigops benchmark <name>`` finds the helper (only --help: no host)."""
     proc = subprocess.run(

@@ -1,0 +1,372 @@
+"""The LLM gateway (roles/llm_gateway, roles/llm_clients) on the sandbox rig, in front of its real vLLM instances.
+
+vs-rig is also the gateway (group gateways): its instances bind 127.0.0.1, which only a gateway on the
+same host can reach. Names: tiny-a (alpha, 8001), tiny-b (beta, 8002), hosted-1 (the model of a hosted
+provider, reached as one is: base URL and key from the inventory); aliases tiny = [tiny-a, tiny-b,
+remote:hosted-1] and tiny-far = [tiny-a, remote:hosted-1]. Clients: dev (every name), limited (tiny-a and
+tiny). The hosted provider is a stand-in this file runs on the rig (127.0.0.1:9411, plain http): it
+checks its own key and records the headers it receives. While it is down (the converge), the gateway
+names it unreachable and gates the other names only.
+
+The tests use what users use: the official openai and anthropic clients of the runtime's venv and curl,
+over HTTPS with the gateway's certificate checked. The ones that change the host (a stopped vLLM, a
+change that fails the gate, a revoked client) run last.
+"""
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from rigops_testinfra import ROOT, ansible_playbook
+
+SCENARIO = Path(os.environ.get("MOLECULE_SCENARIO_DIRECTORY", Path(__file__).resolve().parent.parent))
+HOST_VARS = yaml.safe_load((SCENARIO / "molecule.yml").read_text())["provisioner"]["inventory"]["host_vars"]["vs-rig"]
+CLIENT_KEYS = {c["name"]: c["key"] for c in HOST_VARS["llm_gateway_clients"]}
+REMOTE = HOST_VARS["llm_gateway_remotes"][0]
+REMOTE_KEY = REMOTE["key"]
+PYTHON = "/opt/rigops/vllm/current/venv/bin/python"
+BASE = "https://127.0.0.1:8443"
+CA = "/etc/rigops-llm-gateway/tls/cert.pem"
+ETC = "/etc/rigops-llm-gateway"
+# every name, and the model that answers it while every upstream runs
+SERVED = {"tiny-a": "tiny-a", "tiny-b": "tiny-b", "hosted-1": "hosted-1", "tiny": "tiny-a", "tiny-far": "tiny-a"}
+STANDIN_LOG = "/var/log/rigops-remote-standin.jsonl"
+CLIENTS_DIR = "/root/.config/rigops-llm/dev"
+
+
+def put_key(host, name):
+    """The client's key in a root-only file on the rig: scripts read it, no command line carries it."""
+    path = f"/tmp/gw-key-{name}"
+    host.check_output(f"install -m 600 /dev/null {path} && cat > {path} <<'EOF'\n{CLIENT_KEYS[name]}\nEOF")
+    return path
+
+
+def curl(host, path, key_file=None, data=None, extra=""):
+    auth = f'-H "Authorization: Bearer $(cat {key_file})"' if key_file else ""
+    body = f"-H 'Content-Type: application/json' -d '{json.dumps(data)}'" if data is not None else ""
+    fmt = "-o /tmp/gw-body -w '%{http_code}'"
+    out = host.check_output(f"curl -s --cacert {CA} {fmt} {auth} {body} {extra} {BASE}{path}")
+    return int(out), host.check_output("cat /tmp/gw-body")
+
+
+def python(host, script, *args):
+    host.check_output(f"cat > /tmp/gw_check.py <<'EOF'\n{script}\nEOF")
+    run = f"SSL_CERT_FILE={CA} NO_PROXY=127.0.0.1 {PYTHON} /tmp/gw_check.py {' '.join(args)}"
+    return json.loads(host.check_output(run))
+
+
+def access_log(host):
+    time.sleep(1.5)  # the log's buffer is flushed every second
+    return [json.loads(line) for line in host.check_output("cat /var/log/rigops-llm-gateway/access.log").splitlines()]
+
+
+def config_id(host, folder="live"):
+    return host.check_output(f"cat {ETC}/{folder}/config_id").strip()
+
+
+# The hosted provider's stand-in: /v1/models and /v1/chat/completions (streamed or not) for the model
+# hosted-1, behind its own key; one JSON line per request with the headers it received.
+STANDIN = r"""
+import json, sys, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+KEY, LOG = open(sys.argv[1]).read().strip(), sys.argv[2]
+class H(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def log_message(self, *a): pass
+    def reply(self, status, obj):
+        data = json.dumps(obj).encode()
+        self.send_response(status); self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data))); self.end_headers(); self.wfile.write(data)
+    def allowed(self, body):
+        with open(LOG, "a") as fh:
+            fh.write(json.dumps({"path": self.path, "headers": dict(self.headers),
+                                 "model": (body or {}).get("model")}) + "\n")
+        if self.headers.get("Authorization") == "Bearer " + KEY:
+            return True
+        self.reply(401, {"error": {"message": "Incorrect API key provided", "type": "invalid_request_error"}})
+        return False
+    def do_GET(self):
+        if self.allowed(None):
+            self.reply(200, {"object": "list", "data": [{"id": "hosted-1", "object": "model"}]})
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+        if not self.allowed(body):
+            return
+        if body.get("model") != "hosted-1":
+            return self.reply(404, {"error": {"message": "model not found", "type": "invalid_request_error"}})
+        if not body.get("stream"):
+            choice = {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hi"}}
+            return self.reply(200, {"object": "chat.completion", "model": "hosted-1", "choices": [choice]})
+        self.send_response(200); self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked"); self.end_headers()
+        for text in ("h", "i"):
+            event = {"object": "chat.completion.chunk", "model": "hosted-1",
+                     "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}
+            chunk = ("data: " + json.dumps(event) + "\n\n").encode()
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk)); self.wfile.flush(); time.sleep(0.05)
+        chunk = b"data: [DONE]\n\n"
+        self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(chunk), chunk))
+ThreadingHTTPServer.daemon_threads = True
+ThreadingHTTPServer(("127.0.0.1", 9411), H).serve_forever()
+"""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def hosted_provider(host):
+    """The stand-in provider on the rig (a transient unit), with the key the inventory gives the gateway."""
+    folder = "/opt/rigops-standin"
+    host.check_output(f"install -d -m 700 {folder} && cat > {folder}/standin.py <<'EOF'\n{STANDIN}\nEOF")
+    host.check_output(f"install -m 600 /dev/null {folder}/key && cat > {folder}/key <<'EOF'\n{REMOTE_KEY}\nEOF")
+    host.run("systemctl stop rigops-remote-standin")
+    host.check_output(
+        f"systemd-run --unit rigops-remote-standin /usr/bin/python3 {folder}/standin.py {folder}/key {STANDIN_LOG}"
+    )
+    for _ in range(50):
+        if host.run("curl -s -o /dev/null http://127.0.0.1:9411/v1/models").rc == 0:
+            break
+        time.sleep(0.2)
+    yield
+    host.run("systemctl stop rigops-remote-standin")
+
+
+def test_gateway_service_files_and_modes(host):
+    svc = host.service("rigops-llm-gateway")
+    assert svc.is_running and svc.is_enabled
+    assert not host.service("nginx").is_running and not host.service("nginx").is_enabled
+    listening = host.check_output("ss -Hltn").splitlines()
+    assert any(re.match(r"LISTEN\s+\d+\s+\d+\s+0\.0\.0\.0:8443\s", line) for line in listening)
+    modes = {"live": 0o700, "live/nginx.conf": 0o600, "live/gateway.js": 0o600, "health_key": 0o600,
+             "tls/key.pem": 0o600, "summary.json": 0o644}  # fmt: skip
+    for path, mode in ((f"{ETC}/{name}", mode) for name, mode in modes.items()):
+        f = host.file(path)
+        assert (f.user, f.group, f.mode) == ("root", "root", mode), path
+    # what the last run put in service passed its gate, and is the one kept as good
+    assert config_id(host) == config_id(host, "last-good") == config_id(host, "staging")
+    assert (
+        host.run(f"/usr/local/lib/rigops-llm-gateway/rigops-llm-gateway-config same {ETC}/live {ETC}/last-good").rc == 0
+    )
+    assert json.loads(host.check_output(f"curl -s --cacert {CA} {BASE}/healthz"))["config"] == config_id(host)
+    # the workers run unprivileged; the client keys are on the rig only as sha256
+    workers = host.check_output("ps -o user= --ppid $(cat /run/rigops-llm-gateway.pid)").split()
+    assert workers and set(workers) == {"www-data"}
+    conf = host.check_output(f"cat {ETC}/live/nginx.conf {ETC}/live/gateway.js")
+    for key in CLIENT_KEYS.values():
+        assert key not in conf
+    summary = json.loads(host.check_output(f"cat {ETC}/summary.json"))
+    assert summary["clients"]["limited"] == ["tiny-a", "tiny"]
+    assert set(summary["models"]) == set(SERVED) and summary["url"] == "https://127.0.0.1:8443/v1"
+    assert summary["routes"]["tiny"] == ["vs-rig/alpha", "vs-rig/beta", "remote:standin"]
+
+
+OPENAI = """
+import json, sys, openai
+key = open(sys.argv[1]).read().strip()
+c = openai.OpenAI(base_url="https://127.0.0.1:8443/v1", api_key=key)
+hi = [{"role": "user", "content": "hi"}]
+out = {"models": [m.id for m in c.models.list()], "chat": {}, "stream": {}}
+for name in sys.argv[2:]:
+    r = c.chat.completions.create(model=name, messages=hi, max_tokens=4)
+    out["chat"][name] = [r.model, r.choices[0].finish_reason]
+    chunks = [ch for ch in c.chat.completions.create(model=name, messages=hi, max_tokens=4, stream=True)]
+    out["stream"][name] = [chunks[0].model, sum(1 for ch in chunks if ch.choices and ch.choices[0].delta.content)]
+print(json.dumps(out))
+"""
+
+
+def test_openai_client_chats_and_streams_every_name_through_the_gateway(host):
+    out = python(host, OPENAI, put_key(host, "dev"), *SERVED)
+    assert set(out["models"]) == set(SERVED)
+    for name, served in SERVED.items():
+        assert out["chat"][name][0] == served and out["chat"][name][1] in ("length", "stop"), name
+        assert out["stream"][name][0] == served and out["stream"][name][1] >= 1, name
+
+
+ERRORS = """
+import json, sys, openai
+key = open(sys.argv[1]).read().strip()
+hi = [{"role": "user", "content": "hi"}]
+out = {}
+def code(fn):
+    try:
+        fn()
+        return 200
+    except openai.APIStatusError as e:
+        return e.status_code
+wrong = openai.OpenAI(base_url="https://127.0.0.1:8443/v1", api_key="not-a-client-key-0123456789abcdef01234")
+out["wrong_key"] = code(lambda: wrong.models.list())
+c = openai.OpenAI(base_url="https://127.0.0.1:8443/v1", api_key=key)
+out["models"] = [m.id for m in c.models.list()]
+out["not_allowed"] = code(lambda: c.chat.completions.create(model="tiny-b", messages=hi, max_tokens=2))
+out["unknown"] = code(lambda: c.chat.completions.create(model="gpt-4o", messages=hi, max_tokens=2))
+out["allowed"] = code(lambda: c.chat.completions.create(model="tiny", messages=hi, max_tokens=2))
+print(json.dumps(out))
+"""
+
+
+def test_wrong_key_401_model_not_allowed_403_unknown_404(host):
+    out = python(host, ERRORS, put_key(host, "limited"))
+    assert out == {"wrong_key": 401, "models": ["tiny-a", "tiny"], "not_allowed": 403, "unknown": 404, "allowed": 200}
+    status, body = curl(host, "/v1/chat/completions", data={"model": "tiny-a", "messages": []})
+    assert status == 401 and json.loads(body)["error"]["type"] == "authentication_error"
+
+
+@pytest.mark.parametrize("path", ["/metrics", "/tokenize", "/detokenize", "/health", "/version", "/docs",
+                                  "/openapi.json", "/ping", "/load", "/v1/load_lora_adapter"])  # fmt: skip
+def test_paths_vllm_leaves_open_are_not_reachable_through_the_gateway(host, path):
+    key = put_key(host, "dev")
+    assert curl(host, path, key)[0] == 404
+    assert curl(host, path, key, data={"model": "tiny-a", "prompt": "hi"})[0] == 404
+    if path == "/metrics":
+        # vLLM itself answers it without any key: only the gateway keeps it in
+        assert host.check_output("curl -s -o /dev/null -w '%{http_code}' http://127.0.0.1:8001/metrics") == "200"
+
+
+def test_each_upstream_gets_its_own_key_never_the_clients(host):
+    key = put_key(host, "dev")
+    # vLLM refuses the client's key: what reached it through the gateway was its own
+    direct = (
+        "curl -s -o /dev/null -w '%{{http_code}}' -H \"Authorization: Bearer $(cat {})\" http://127.0.0.1:{}/v1/models"
+    )
+    for port in (8001, 8002):
+        assert host.check_output(direct.format(key, port)) == "401"
+    host.check_output(f": > {STANDIN_LOG}")
+    for name in ("tiny-a", "tiny-b", "hosted-1", "tiny-far"):
+        request = {"model": name, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+        status, body = curl(host, "/v1/chat/completions", key, request, extra=f"-H 'X-Api-Key: $(cat {key})'")
+        assert status == 200, body
+    entries = [e for e in access_log(host) if e["client"] == "dev" and e["path"] == "/v1/chat/completions"]
+    targets = {e["model"]: e["target"] for e in entries if e["status"] == 200}
+    assert targets["tiny-a"] == "vs-rig/alpha" and targets["tiny-b"] == "vs-rig/beta"
+    assert targets["tiny-far"] == "vs-rig/alpha" and targets["hosted-1"] == "remote:standin"
+    # the provider saw its own key, never the client's, in no header (X-Api-Key is dropped too)
+    seen = [json.loads(line) for line in host.check_output(f"cat {STANDIN_LOG}").splitlines()]
+    assert [r["model"] for r in seen] == ["hosted-1"]
+    headers = {k.lower(): v for k, v in seen[0]["headers"].items()}
+    assert headers["authorization"] == f"Bearer {REMOTE_KEY}" and "x-api-key" not in headers
+    assert not any(CLIENT_KEYS["dev"] in v for v in headers.values())
+    logs = host.check_output("cat /var/log/rigops-llm-gateway/*.log; journalctl --no-pager -o cat -n 3000")
+    for secret in [*CLIENT_KEYS.values(), REMOTE_KEY, host.check_output("cat /etc/vllm/alpha/api_key").strip()]:
+        assert secret not in logs
+
+
+ANTHROPIC = """
+import json, sys, anthropic
+c = anthropic.Anthropic(base_url="https://127.0.0.1:8443", auth_token=open(sys.argv[1]).read().strip(), api_key=None)
+r = c.messages.create(model="tiny", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
+print(json.dumps({"model": r.model, "type": r.type, "blocks": [b.type for b in r.content]}))
+"""
+
+
+def test_claude_code_shape_messages_api_through_the_gateway(host):
+    """Claude Code speaks Anthropic's Messages API; the gateway passes /v1/messages on by model to vLLM's."""
+    out = python(host, ANTHROPIC, put_key(host, "dev"))
+    assert out["type"] == "message" and out["model"] == "tiny-a" and out["blocks"]
+
+
+SDK_FROM_ENV = """
+import json, os, openai
+c = openai.OpenAI()  # OPENAI_BASE_URL and OPENAI_API_KEY only
+hi = [{"role": "user", "content": "hi"}]
+r = c.chat.completions.create(model=os.environ["OPENAI_MODEL"], messages=hi, max_tokens=4)
+print(json.dumps({"model": r.model, "finish": r.choices[0].finish_reason}))
+"""
+
+
+def test_client_settings_work_as_written(host):
+    folder = host.file(CLIENTS_DIR)
+    assert (folder.user, folder.mode) == ("root", 0o700)
+    files = ("openai.env", "claude-code/settings.json", "codex/config.toml", "continue.json", "providers.json")
+    for name in ("key", *files):
+        assert host.file(f"{CLIENTS_DIR}/{name}").mode == 0o600, name
+    assert host.check_output(f"cat {CLIENTS_DIR}/key").strip() == CLIENT_KEYS["dev"]
+    for name in files:
+        assert CLIENT_KEYS["dev"] not in host.check_output(f"cat {CLIENTS_DIR}/{name}"), name
+    # the official SDK, configured by nothing but the env file (base URL, key from the key file, CA bundle)
+    host.check_output(f"cat > /tmp/gw_env.py <<'EOF'\n{SDK_FROM_ENV}\nEOF")
+    run = f"env -i PATH=/usr/bin:/bin bash -c '. {CLIENTS_DIR}/openai.env && {PYTHON} /tmp/gw_env.py'"
+    out = json.loads(host.check_output(run))
+    registry = json.loads(host.check_output(f"cat {CLIENTS_DIR}/providers.json"))
+    assert out["finish"] in ("length", "stop") and out["model"] == SERVED[registry["active"]]
+    settings = json.loads(host.check_output(f"cat {CLIENTS_DIR}/claude-code/settings.json"))
+    assert settings["env"]["ANTHROPIC_BASE_URL"] == "https://127.0.0.1:8443"
+    assert settings["apiKeyHelper"] == f"cat {CLIENTS_DIR}/key"
+    read = "import tomllib, json, sys; print(json.dumps(tomllib.load(open(sys.argv[1], 'rb'))))"
+    codex = host.check_output(f'{PYTHON} -c "{read}" {CLIENTS_DIR}/codex/config.toml')
+    provider = json.loads(codex)["model_providers"]["rigops"]
+    assert provider["base_url"] == "https://127.0.0.1:8443/v1" and provider["env_key"] == "RIGOPS_LLM_API_KEY"
+
+
+# --------------------------------------------------------------------------- changes to the host, last
+
+
+def chat_model(host, key, name):
+    status, body = curl(host, "/v1/chat/completions", key, {"model": name, "max_tokens": 2,
+                        "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
+    return status, (json.loads(body).get("model") if status == 200 else json.loads(body)["error"]["type"])
+
+
+@pytest.mark.changes_state
+def test_a_stopped_vllm_falls_back_and_comes_back(host):
+    key = put_key(host, "dev")
+    host.check_output("systemctl stop vllm@alpha")
+    try:
+        t0 = time.monotonic()
+        assert chat_model(host, key, "tiny") == (200, "tiny-b")
+        assert time.monotonic() - t0 < 10  # the connect is refused: the fallback answers at once
+        assert chat_model(host, key, "tiny") == (200, "tiny-b")
+        assert chat_model(host, key, "tiny-far") == (200, "hosted-1")
+        assert chat_model(host, key, "tiny-a") == (502, "upstream_unavailable")
+        recent = [e for e in access_log(host) if e["model"] in ("tiny", "tiny-far")][-3:]
+        assert recent[0]["upstream_status"].startswith("502") and recent[0]["target"] == "vs-rig/beta"
+        # alpha is benched: the next request does not even try it
+        assert recent[1]["upstream"].split(" : ")[0].startswith("u")
+        assert float(recent[0]["request_time"]) < 5
+    finally:
+        host.check_output("systemctl start vllm@alpha")
+    rc, out = ansible_playbook(SCENARIO / "gate.yml")
+    assert rc == 0, out[-3000:]
+    deadline = time.time() + 60  # llm_gateway_bench_seconds, then alpha is tried again
+    while time.time() < deadline and chat_model(host, key, "tiny") != (200, "tiny-a"):
+        time.sleep(2)
+    assert chat_model(host, key, "tiny") == (200, "tiny-a")
+    assert chat_model(host, key, "tiny-a") == (200, "tiny-a")
+
+
+@pytest.mark.changes_state
+def test_a_change_that_fails_the_gate_is_rolled_back(host):
+    good = config_id(host)
+    remotes = [dict(REMOTE, key="a-wrong-remote-key-0123456789abcdef")]
+    rc, out = ansible_playbook(ROOT / "playbooks" / "gateway.yml", "-e", json.dumps({"llm_gateway_remotes": remotes}))
+    assert rc != 0
+    flat = " ".join(re.sub(r"\x1b\[[0-9;]*m", "", out).split())
+    assert "the gateway failed its gate" in flat and "HTTP 401" in flat, out[-3000:]
+    assert "The last good config set is back in service" in flat
+    assert "a-wrong-remote-key" not in out
+    assert config_id(host) == good and config_id(host, "rejected") != good
+    assert "a-wrong-remote-key" in host.check_output(f"cat {ETC}/rejected/nginx.conf")
+    assert json.loads(host.check_output(f"curl -s --cacert {CA} {BASE}/healthz"))["config"] == good
+    # the good set serves on, the remote with its right key
+    key = put_key(host, "dev")
+    assert chat_model(host, key, "hosted-1") == (200, "hosted-1")
+    record = json.loads(host.check_output("cat /var/lib/rigops/stages/gateway.json"))
+    assert record["status"] == "failed"
+
+
+@pytest.mark.changes_state
+def test_a_client_removed_from_the_inventory_is_revoked(host):
+    key = put_key(host, "limited")
+    assert chat_model(host, key, "tiny-a") == (200, "tiny-a")
+    clients = [c for c in HOST_VARS["llm_gateway_clients"] if c["name"] != "limited"]
+    rc, out = ansible_playbook(ROOT / "playbooks" / "gateway.yml", "-e", json.dumps({"llm_gateway_clients": clients}))
+    assert rc == 0, out[-3000:]
+    assert chat_model(host, key, "tiny-a") == (401, "authentication_error")
+    assert chat_model(host, put_key(host, "dev"), "tiny-a") == (200, "tiny-a")
+    # the inventory as it was: the key works again, and the stage is recorded as passed
+    rc, out = ansible_playbook(ROOT / "playbooks" / "gateway.yml")
+    assert rc == 0, out[-3000:]
+    assert chat_model(host, key, "tiny-a") == (200, "tiny-a")
+    assert json.loads(host.check_output("cat /var/lib/rigops/stages/gateway.json"))["status"] == "passed"

@@ -1,0 +1,1157 @@
+"""The LLM gateway: roles/llm_gateway and filter_plugins/rigops_gateway.py.
+
+- The routing table and the preflight's refusals, from plain data.
+- With a real nginx + njs on 127.0.0.1 (skipped when nginx or its njs module is not installed:
+  apt-get install nginx libnginx-mod-http-js): the role's preflight and configure parts, run by
+  ansible-playbook on this machine (connection local), render a config set for stand-in upstreams
+  (three "rig" instances over HTTP, one of them read from its key file on the "rig", and a hosted
+  provider over HTTPS, each of which checks its own key and records what it receives); `nginx -t`
+  accepts the set, and nginx serves it: routing by `model`, aliases with fallback and benching,
+  401/403/404, rate limits, streaming, the key swap, the paths never exposed, the JSON access log,
+  the gate module, and the config sets' tool putting the last good set back after a failed gate.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import yaml
+from ansible.errors import AnsibleFilterError
+
+ROOT = Path(__file__).resolve().parents[2]
+ROLE = ROOT / "roles" / "llm_gateway"
+TOOL = ROLE / "files" / "rigops-llm-gateway-config"
+NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+NJS = Path("/usr/lib/nginx/modules/ngx_http_js_module.so")
+
+
+def _load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+gw = _load("rigops_gateway_filters", ROOT / "filter_plugins" / "rigops_gateway.py")
+http = _load("llm_gateway_http", ROOT / "module_utils" / "llm_gateway_http.py")
+
+NO_NGINX = "nginx with njs not installed (apt-get install nginx libnginx-mod-http-js)"
+needs_nginx = pytest.mark.skipif(NGINX is None or not NJS.exists(), reason=NO_NGINX)
+
+KEYS = {
+    "alpha": "alpha-upstream-key-0123456789abcdef0123456789",
+    "beta": "beta-upstream-key-0123456789abcdef01234567890",
+    "gamma": "gamma-upstream-key-0123456789abcdef012345678",
+    "remote": "remote-provider-key-0123456789abcdef",
+}
+CLIENTS = {
+    "dev": "dev-client-key-0123456789abcdef0123456789abcdef",
+    "limited": "limited-client-key-0123456789abcdef0123456789",
+    "slow": "slow-client-key-0123456789abcdef0123456789abcd",
+}
+PROMPT = "a prompt the access log must never hold"
+
+
+# --------------------------------------------------------------------------- the routing table, plain data
+
+
+def instance(ref, served, port, bind="127.0.0.1", require_key=True):
+    host, name = ref.split("/")
+    return {"name": name, "ref": ref, "port": port, "bind": bind, "served_name": served,
+            "require_key": require_key, "connect": f"127.0.0.1:{port}", "problem": None}  # fmt: skip
+
+
+def backend(host, *instances, same_host=False):
+    return {"host": host, "address": "10.0.0.1", "address_given": False, "same_host": same_host,
+            "instances": list(instances), "problem": None}  # fmt: skip
+
+
+def spec(**over):
+    base = {
+        "backends": [
+            backend("rig-a", instance("rig-a/alpha", "tiny-a", 8001), instance("rig-a/beta", "tiny-b", 8002)),
+            backend("rig-b", instance("rig-b/alpha", "tiny-a", 8001)),
+        ],
+        "excluded_backends": [],
+        "remotes": [
+            {"name": "hosted", "base_url": "https://api.example.com/v1", "key": KEYS["remote"], "models": ["big-r"]}
+        ],
+        "aliases": {"chat": ["tiny-a", "tiny-b", "remote:big-r"]},
+        "clients": [
+            {"name": "dev", "key": CLIENTS["dev"], "models": "*"},
+            {"name": "limited", "key": CLIENTS["limited"], "models": ["tiny-a"], "rate": "2r/s", "burst": 2},
+        ],
+        "settings": {"default_rate": "10r/s", "default_burst": 20},
+        "health_hash": "",
+        "keys_present": ["rig-a/alpha", "rig-a/beta", "rig-b/alpha"],
+        "gateway_port": 8443,
+    }
+    base.update(over)
+    return base
+
+
+def test_table_names_hops_and_rewrites():
+    table = gw.table(spec())
+    assert table["names"] == ["tiny-a", "tiny-b", "big-r", "chat"]
+    routes = {r["name"]: r for r in table["routes"]}
+    # the same served name on two rigs: tried in inventory order, the first one benchable
+    assert [h["label"] for h in routes["tiny-a"]["hops"]] == ["rig-a/alpha", "rig-b/alpha"]
+    assert [h["upstream"] for h in routes["tiny-a"]["hops"]] == ["u0b", "u1"]
+    # the alias: every target of each entry, in order, with the model rewritten where it differs
+    chat = routes["chat"]["hops"]
+    assert [(h["label"], h["model"], h["rewrite"]) for h in chat] == [
+        ("rig-a/alpha", "tiny-a", True),
+        ("rig-b/alpha", "tiny-a", True),
+        ("rig-a/beta", "tiny-b", True),
+        ("remote:hosted", "big-r", True),
+    ]
+    assert [h["next"] for h in chat] == ["r3_1", "r3_2", "r3_3", None]
+    assert table["rewrite_positions"] == [0, 1, 2, 3]
+    remote = next(u for u in table["upstreams"] if u["kind"] == "remote")
+    assert remote["server"] == "api.example.com:443" and remote["tls_name"] == "api.example.com"
+    assert remote["host_header"] == "api.example.com" and remote["base_path"] == "/v1"
+    # direct names are never rewritten
+    assert not any(h["rewrite"] for n in ("tiny-a", "tiny-b", "big-r") for h in routes[n]["hops"])
+
+
+def test_clients_hashed_and_zoned_by_rate_and_burst():
+    table = gw.table(spec(health_hash="ab" * 32))
+    clients = {c["name"]: c for c in table["clients"]}
+    assert clients["dev"]["hash"] == gw.sha256_hex(CLIENTS["dev"]) and clients["dev"]["all"]
+    assert clients["limited"]["models"] == ["tiny-a"] and not clients["limited"]["all"]
+    assert clients[gw.HEALTH_CLIENT]["hash"] == "ab" * 32 and clients[gw.HEALTH_CLIENT]["all"]
+    zones = {z["id"]: (z["rate"], z["burst"]) for z in table["zones"]}
+    assert zones[clients["dev"]["zone"]] == ("10r/s", 20)
+    assert zones[clients["limited"]["zone"]] == ("2r/s", 2)
+    text = json.dumps(table)
+    assert all(key not in text for key in CLIENTS.values()) and KEYS["remote"] not in text
+
+
+def test_js_table_is_ascii_json_even_for_odd_names():
+    odd = 'tiny 😀 "quoted" back\\slash\nnew line </script>'
+    s = spec(aliases={}, clients=[{"name": "dev", "key": CLIENTS["dev"], "models": "*"}])
+    s["backends"][0]["instances"][0]["served_name"] = odd
+    text = gw.js_table(gw.table(s))
+    assert text.isascii() and "\n" not in text
+    data = json.loads(text)
+    assert odd in data["routes"] and data["who"]["dev"] == gw.sha256_hex(CLIENTS["dev"])
+    assert data["clients"][gw.sha256_hex(CLIENTS["dev"])]["models"][odd] == 1
+
+
+def test_remote_model_served_by_a_rig_is_reached_only_as_remote_prefix():
+    s = spec(remotes=[{"name": "hosted", "base_url": "https://api.example.com/v1", "key": KEYS["remote"],
+                       "models": ["tiny-b", "big-r"]}], aliases={"far": ["remote:tiny-b"]})  # fmt: skip
+    routes = {r["name"]: r for r in gw.table(s)["routes"]}
+    assert [h["label"] for h in routes["tiny-b"]["hops"]] == ["rig-a/beta"]
+    assert [(h["label"], h["rewrite"]) for h in routes["far"]["hops"]] == [("remote:hosted", True)]
+
+
+def test_a_rig_left_out_keeps_its_names_known_with_no_upstream():
+    s = spec(
+        backends=[backend("rig-a", instance("rig-a/alpha", "tiny-a", 8001))],
+        excluded_backends=[backend("rig-c", instance("rig-c/beta", "tiny-b", 8002))],
+        keys_present=["rig-a/alpha"],
+    )
+    assert gw.problems(s) == []
+    routes = {r["name"]: r for r in gw.table(s)["routes"]}
+    assert routes["tiny-b"]["kind"] == "unavailable" and routes["tiny-b"]["hops"] == []
+    assert [h["label"] for h in routes["chat"]["hops"]] == ["rig-a/alpha", "remote:hosted"]
+    plan = {p["name"]: p for p in gw.gate_plan(gw.table(s), down=["remote:hosted"], skip=["big-r"])}
+    assert plan["tiny-b"] == {"name": "tiny-b", "gate": False, "why": "no upstream is in the routing table"}
+    assert plan["big-r"]["why"] == "llm_gateway_gate_skip" and plan["chat"]["gate"] is True
+
+
+def _edit(path, value):
+    s = spec()
+    target = s
+    keys = path.split(".")
+    for key in keys[:-1]:
+        target = target[int(key)] if key.isdigit() else target[key]
+    last = keys[-1]
+    if isinstance(target, list):
+        target[int(last)] = value
+    else:
+        target[last] = value
+    return s
+
+
+REFUSALS = {
+    "short client key": (_edit("clients.0.key", "short"), "llm_gateway_clients[0] (dev): key is shorter than 32"),
+    "key with a quote": (
+        _edit("clients.0.key", "x" * 40 + '"$'),
+        "holds characters a Bearer token cannot carry",
+    ),
+    "two clients, one key": (_edit("clients.1.key", CLIENTS["dev"]), "its key is the key of llm_gateway_clients[0]"),
+    "unknown model of a client": (_edit("clients.1.models", ["tiny-z"]), "model 'tiny-z' is unknown to the gateway"),
+    "bad rate": (_edit("clients.1.rate", "fast"), "rate 'fast' must read like 10r/s"),
+    "unknown client key": (_edit("clients.0", {"name": "dev", "key": CLIENTS["dev"], "modles": "*"}), "modles"),
+    "bad client name": (_edit("clients.0.name", "Dev Team"), "name must match"),
+    "alias target unknown": (_edit("aliases", {"chat": ["tiny-z"]}), "'tiny-z' is neither a served name"),
+    "alias of an alias": (_edit("aliases", {"a": ["tiny-a"], "b": ["a"]}), "'a' is itself an alias"),
+    "alias hides a name": (_edit("aliases", {"tiny-b": ["tiny-a"]}), "'tiny-b' is already the name of a model"),
+    "remote model unknown": (_edit("aliases", {"chat": ["remote:nope"]}), "no remote lists the model 'nope'"),
+    "http remote": (_edit("remotes.0.base_url", "http://api.example.com/v1"), "base_url is plain http"),
+    "remote url without /v1": (_edit("remotes.0.base_url", "https://api.example.com/api"), "does not end in /v1"),
+    "remote key missing": (_edit("remotes.0.key", ""), "llm_gateway_remotes[0] (hosted): key is missing"),
+    "missing rig key": (_edit("keys_present", ["rig-a/alpha", "rig-b/alpha"]), "rig-a/beta (tiny-b): no API key"),
+    "gateway port taken": (_edit("gateway_port", 8001), None),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSALS))
+def test_refusals_say_what_and_how(case):
+    given, words = REFUSALS[case]
+    problems = gw.problems(given)
+    if case == "gateway port taken":
+        # only a rig instance on the gateway's own host can clash with its port
+        assert problems == []
+        given["backends"][0]["same_host"] = True
+        problems = gw.problems(given)
+        words = "port 8001 is also the gateway's llm_gateway_port"
+    assert any(words in p for p in problems), problems
+    text = "\n".join(problems)
+    assert all(key not in text for key in list(CLIENTS.values()) + list(KEYS.values()))
+
+
+def test_the_shipped_spec_is_accepted():
+    assert gw.problems(spec()) == []
+
+
+class HostVars(dict):
+    """hostvars as a filter sees it: {host: {var: value}}."""
+
+
+def test_backends_addresses_and_unreachable_loopback():
+    hv = HostVars(
+        {
+            "gw": {"vllm_instances": [{"name": "alpha", "port": 8001, "model": {"source": "local", "path": "/m"}}]},
+            "rig-b": {
+                "ansible_host": "10.0.0.2",
+                "vllm_instances": [
+                    {"name": "beta", "port": 8002, "host": "0.0.0.0", "model": {"source": "local", "path": "/m"}},
+                    {"name": "local", "port": 8003, "model": {"source": "local", "path": "/m"}},
+                    {"name": "fixed", "port": 8004, "host": "10.0.0.7", "model": {"source": "local", "path": "/m"}},
+                ],
+            },
+            "rig-c": {
+                "ansible_host": "127.0.0.1",
+                "vllm_instances": [
+                    {"name": "x", "port": 8001, "host": "::", "model": {"source": "local", "path": "/m"}}
+                ],
+            },
+        }
+    )
+    out = {b["host"]: b for b in gw.backends(["gw", "rig-b", "rig-c"], hv, "gw")}
+    assert out["gw"]["instances"][0]["connect"] == "127.0.0.1:8001"
+    assert out["gw"]["instances"][0]["served_name"] == "alpha"
+    beta, local, fixed = out["rig-b"]["instances"]
+    assert beta["connect"] == "10.0.0.2:8002" and beta["problem"] is None
+    assert local["connect"] is None
+    assert "binds 127.0.0.1: the gateway on gw cannot reach it on another host" in local["problem"]
+    assert "vllm_service_allow_remote_bind: true on rig-b" in local["problem"]
+    assert "put the gateway on rig-b" in local["problem"]
+    assert fixed["connect"] == "10.0.0.7:8004"
+    # a rig reached over an SSH forward (ansible_host 127.0.0.1, as in the sandbox): refused with the fix
+    assert "set llm_gateway_upstream_address on rig-c" in out["rig-c"]["instances"][0]["problem"]
+    given = gw.backends(["rig-c"], hv, "gw", {"rig-c": "fd00::7"})
+    assert given[0]["instances"][0]["connect"] == "[fd00::7]:8001"
+    # rigs that failed a stage of the main job (or were stopped) are left out by the role
+    hv["rig-b"]["rigops_failed_stage"] = "services"
+    hv["rig-c"]["rigops_stopped_by"] = "rig-b failed in services"
+    assert gw.failed_hosts(["gw", "rig-b", "rig-c", "absent"], hv) == ["rig-b", "rig-c"]
+
+
+def test_keys_come_from_the_fact_the_inventory_or_the_key_file():
+    hv = HostVars(
+        {
+            "rig": {
+                "vllm_instances": [
+                    {"name": "a", "port": 8001, "model": {"source": "local", "path": "/m"}},
+                    {
+                        "name": "b",
+                        "port": 8002,
+                        "model": {"source": "local", "path": "/m"},
+                        "security": {"api_key": KEYS["beta"]},
+                    },
+                    {"name": "c", "port": 8003, "model": {"source": "local", "path": "/m"}},
+                    {
+                        "name": "d",
+                        "port": 8004,
+                        "model": {"source": "local", "path": "/m"},
+                        "security": {"require_key": False},
+                    },
+                ],  # fmt: skip
+                "vllm_service_keys": {"a": KEYS["alpha"]},
+                "vllm_service_config_root": "/srv/vllm",
+                "llm_gateway_upstream_address": "10.0.0.9",
+            }
+        }
+    )
+    backends = gw.backends(["rig"], hv, "rig")
+    reads = gw.key_reads(backends, hv)
+    assert reads == [{"host": "rig", "instance": "c", "path": "/srv/vllm/c/api_key"}]
+    import base64
+
+    slurped = [{"item": reads[0], "content": base64.b64encode(f"{KEYS['gamma']}\n".encode()).decode()}]
+    keys = gw.upstream_keys(backends, hv, slurped, [{"name": "hosted", "key": KEYS["remote"]}])
+    assert keys == {"rig/a": KEYS["alpha"], "rig/b": KEYS["beta"], "rig/c": KEYS["gamma"], "rig/d": "",
+                    "remote:hosted": KEYS["remote"]}  # fmt: skip
+    assert gw.problems(spec(backends=backends, keys_present=list(keys), aliases={}, clients=[])) == []
+    assert "rig/c (c): no API key" in "\n".join(gw.problems(spec(backends=backends, keys_present=["rig/a", "rig/b"],
+                                                                 aliases={}, clients=[])))  # fmt: skip
+
+
+def test_summary_has_no_key_nor_hash_and_san():
+    table = gw.table(spec(health_hash="cd" * 32))
+    summary = gw.summary(table, "https://gw:8443/v1", True, "0123", ["rig-b/alpha"])
+    assert summary["clients"] == {"dev": ["tiny-a", "tiny-b", "big-r", "chat"], "limited": ["tiny-a"]}
+    assert summary["routes"]["chat"][-1] == "remote:hosted" and summary["unreachable"] == ["rig-b/alpha"]
+    text = json.dumps(summary)
+    assert "cd" * 32 not in text and gw.sha256_hex(CLIENTS["dev"]) not in text
+    assert gw.san(["gw.example.com", "10.0.0.1", "127.0.0.1", "::1", "gw.example.com"]) == (
+        "DNS:gw.example.com,IP:10.0.0.1,IP:127.0.0.1,IP:::1"
+    )
+    with pytest.raises(ValueError, match="neither an IP address nor a DNS name"):
+        gw.san(["bad name"])
+    with pytest.raises(AnsibleFilterError):
+        gw.FilterModule().filters()["rigops_gateway_san"](["bad name"])
+
+
+# --------------------------------------------------------------------------- stand-in upstreams
+
+
+class Upstream:
+    """An OpenAI-compatible stand-in serving one model behind its own key; records every request."""
+
+    def __init__(self, key, model, tls=None, delay=0.3):
+        self.key, self.model, self.tls, self.delay = key, model, tls, delay
+        self.seen = []
+        self.server = None
+        self.port = 0
+        self._conns = set()
+
+    def start(self, port=0):
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args):
+                pass
+
+            def setup(self):
+                super().setup()
+                outer._conns.add(self.connection)
+
+            def finish(self):
+                outer._conns.discard(self.connection)
+                super().finish()
+
+            def _json(self, status, obj):
+                data = json.dumps(obj).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _authorized(self, body):
+                outer.seen.append({"method": self.command, "path": self.path, "headers": dict(self.headers),
+                                   "body": body})  # fmt: skip
+                if self.headers.get("Authorization") != f"Bearer {outer.key}":
+                    self._json(401, {"error": "Unauthorized"})
+                    return False
+                return True
+
+            def do_GET(self):
+                if not self._authorized(None):
+                    return
+                if self.path == "/v1/models":
+                    return self._json(200, {"object": "list", "data": [{"id": outer.model, "object": "model"}]})
+                self._json(404, {"detail": "Not Found"})
+
+            def do_POST(self):
+                raw = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                try:
+                    body = json.loads(raw)
+                except ValueError:
+                    body = raw.decode("utf-8", "replace")
+                if not self._authorized(body):
+                    return
+                if not isinstance(body, dict) or body.get("model") != outer.model:
+                    name = body.get("model") if isinstance(body, dict) else None
+                    return self._json(404, {"error": {"message": f"The model `{name}` does not exist.", "code": 404}})
+                path = self.path.split("?")[0]
+                if path == "/v1/messages":
+                    return self._json(200, {"type": "message", "model": outer.model, "role": "assistant",
+                                            "content": [{"type": "text", "text": "hi"}]})  # fmt: skip
+                if path == "/v1/embeddings":
+                    return self._json(200, {"object": "list", "model": outer.model, "data": [{"embedding": [0.1]}]})
+                if not body.get("stream"):
+                    choice = {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hi"}}
+                    return self._json(200, {"object": "chat.completion", "model": outer.model, "choices": [choice]})
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                events = [{"model": outer.model, "choices": [{"index": 0, "delta": {"content": f"t{i}"}}]} for i in
+                          range(3)]  # fmt: skip
+                for event in events:
+                    chunk = f"data: {json.dumps(event)}\n\n".encode()
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
+                    self.wfile.flush()
+                    time.sleep(outer.delay)
+                chunk = b"data: [DONE]\n\n"
+                self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(chunk), chunk))
+
+        server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        server.daemon_threads = True
+        if self.tls:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*self.tls)
+            server.socket = context.wrap_socket(server.socket, server_side=True)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        self.server, self.port = server, server.server_address[1]
+        return self
+
+    def stop(self):
+        """Down like a stopped vLLM: no listener, and every open connection closed."""
+        self.server.shutdown()
+        self.server.server_close()
+        for conn in list(self._conns):
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --------------------------------------------------------------------------- the role, rendered and served
+
+
+def inventory(tmp, ports, up, certs):
+    etc = tmp / "etc"
+    gateway = {
+        "ansible_connection": "local",
+        "ansible_python_interpreter": sys.executable,
+        "llm_gateway_config_root": str(etc),
+        "llm_gateway_log_dir": str(tmp / "log"),
+        "llm_gateway_state_dir": str(tmp / "state"),
+        "llm_gateway_pid_file": str(tmp / "nginx.pid"),
+        "llm_gateway_tool_dir": str(ROLE / "files"),
+        "llm_gateway_nginx": NGINX,
+        "llm_gateway_port": ports["gateway"],
+        "llm_gateway_listen": ["127.0.0.1"],
+        "llm_gateway_worker_processes": 1,
+        "llm_gateway_connect_timeout": 1,
+        "llm_gateway_bench_seconds": 2,
+        "llm_gateway_max_body_size": "64k",
+        "llm_gateway_remotes": [
+            {
+                "name": "hosted",
+                "base_url": f"https://127.0.0.1:{up['remote'].port}/v1",
+                "key": KEYS["remote"],
+                "models": ["big-r"],
+                "ca_file": str(certs / "remote.pem"),
+            }
+        ],  # fmt: skip
+        "llm_gateway_aliases": {"chat": ["tiny-a", "tiny-b", "remote:big-r"], "far": ["tiny-a", "remote:big-r"]},
+        "llm_gateway_clients": [
+            # the tests send many requests in a short time: only `slow` meets its limit
+            {"name": "dev", "key": CLIENTS["dev"], "models": "*", "rate": "1000r/s", "burst": 1000},
+            {"name": "limited", "key": CLIENTS["limited"], "models": ["tiny-a", "chat"], "rate": "1000r/s"},
+            {"name": "slow", "key": CLIENTS["slow"], "models": "*", "rate": "1r/s", "burst": 1},
+        ],
+        # the gateway is also a "rig": its instance is reached on loopback
+        "vllm_instances": [
+            {
+                "name": "alpha",
+                "port": up["alpha"].port,
+                "model": {"source": "local", "path": "/m", "served_name": "tiny-a"},
+            }
+        ],
+        "vllm_service_keys": {"alpha": KEYS["alpha"]},
+    }
+    rigs = {
+        "gw": {},
+        # published its key as the vllm_service role does (the fact vllm_service_keys)
+        "rig-b": {
+            "ansible_host": "10.255.0.2",
+            "llm_gateway_upstream_address": "127.0.0.1",
+            "vllm_instances": [
+                {
+                    "name": "beta",
+                    "port": up["beta"].port,
+                    "host": "0.0.0.0",
+                    "model": {"source": "local", "path": "/m", "served_name": "tiny-b"},
+                }
+            ],  # fmt: skip
+            "vllm_service_keys": {"beta": KEYS["beta"]},
+        },
+        # only its key file on the "rig": read there by slurp (delegated, connection local)
+        "rig-c": {
+            "ansible_connection": "local",
+            "ansible_python_interpreter": sys.executable,
+            "llm_gateway_upstream_address": "127.0.0.1",
+            "vllm_service_config_root": str(tmp / "rig-c-vllm"),
+            "vllm_instances": [
+                {
+                    "name": "gamma",
+                    "port": up["gamma"].port,
+                    "host": "0.0.0.0",
+                    "model": {"source": "local", "path": "/m", "served_name": "tiny-c"},
+                }
+            ],  # fmt: skip
+        },
+    }
+    return {"all": {"children": {"gateways": {"hosts": {"gw": gateway}}, "gpu-rigs": {"hosts": rigs}}}}
+
+
+PLAY = [
+    {
+        "name": "llm_gateway preflight and configure on this machine",
+        "hosts": "gateways",
+        "gather_facts": False,
+        "tasks": [
+            {
+                "name": "Folders install.yml makes",
+                "ansible.builtin.file": {"path": "{{ item }}", "state": "directory", "mode": "0700"},
+                "loop": [
+                    "{{ llm_gateway_config_root }}/staging",
+                    "{{ llm_gateway_config_root }}/tls",
+                    "{{ llm_gateway_log_dir }}",
+                    "{{ llm_gateway_state_dir }}",
+                ],  # fmt: skip
+            },
+            {
+                "name": "Preflight",
+                "ansible.builtin.import_role": {"name": "llm_gateway", "tasks_from": "preflight.yml"},
+            },
+            {
+                "name": "Configure",
+                "ansible.builtin.import_role": {"name": "llm_gateway", "tasks_from": "configure.yml"},
+            },
+        ],
+    }
+]
+
+
+def playbook(tmp, inv, *extra, play=None, env=None):
+    (tmp / "inventory.yml").write_text(yaml.safe_dump(inv))
+    (tmp / "play.yml").write_text(yaml.safe_dump(play or PLAY))
+    env = dict(os.environ, **(env or {}), ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    proc = subprocess.run(
+        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(tmp / "inventory.yml"), str(tmp / "play.yml"),
+         *extra],
+        cwd=ROOT, capture_output=True, text=True, check=False, env=env, timeout=300,
+    )  # fmt: skip
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def recap(output):
+    m = re.search(r"^gw\s*:\s*ok=\d+\s+changed=(\d+)\s+unreachable=\d+\s+failed=(\d+)", output, re.M)
+    assert m, output[-3000:]
+    return int(m.group(1)), int(m.group(2))
+
+
+def tool(*args):
+    return subprocess.run([str(TOOL), *args], capture_output=True, text=True, check=False,
+                          env=dict(os.environ, RIGOPS_NGINX=NGINX or "nginx"))  # fmt: skip
+
+
+class Gateway:
+    def __init__(self, tmp, ports, up, inv):
+        self.tmp, self.ports, self.up, self.inv = tmp, ports, up, inv
+        self.etc = tmp / "etc"
+        self.client = http.Client("127.0.0.1", ports["gateway"], server_name="127.0.0.1",
+                                  ca_file=str(self.etc / "tls" / "cert.pem"), timeout=30)  # fmt: skip
+
+    def nginx(self, *args):
+        return subprocess.run([NGINX, "-c", str(self.etc / "live" / "nginx.conf"), *args], capture_output=True,
+                              text=True, check=False)  # fmt: skip
+
+    def call(self, path, key=None, body=None, method=None, headers=None, stream=False):
+        hdrs = dict(headers or {})
+        if key:
+            hdrs["Authorization"] = f"Bearer {key}"
+        status, resp_headers, payload = self.client(
+            method or ("POST" if body is not None else "GET"), path, headers=hdrs, body=body, stream=stream
+        )
+        if stream:
+            return status, payload
+        try:
+            return status, json.loads(payload)
+        except ValueError:
+            return status, payload
+
+    def chat(self, model, key=CLIENTS["dev"], **extra):
+        return self.call("/v1/chat/completions", key, {"model": model, "messages": [{"role": "user",
+                         "content": PROMPT}], "max_tokens": 4, **extra})  # fmt: skip
+
+    def log(self, wait=1.3):
+        time.sleep(wait)  # access_log buffer flushes every second
+        path = self.tmp / "log" / "access.log"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def wait_config(self, config_id, timeout=10):
+        return http.wait_config(self.client, config_id, timeout, interval=0.1)
+
+    def live_id(self):
+        return (self.etc / "live" / "config_id").read_text().strip()
+
+
+@pytest.fixture(scope="module")
+def upstreams(tmp_path_factory):
+    """The stand-in upstreams: three rig instances over HTTP, a hosted provider over HTTPS."""
+    if NGINX is None or not NJS.exists():
+        pytest.skip(NO_NGINX)
+    certs = tmp_path_factory.mktemp("llm-gateway-upstreams")
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+         "-days", "2", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+         "-keyout", str(certs / "remote-key.pem"), "-out", str(certs / "remote.pem")],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    up = {
+        "alpha": Upstream(KEYS["alpha"], "tiny-a").start(),
+        "beta": Upstream(KEYS["beta"], "tiny-b").start(),
+        "gamma": Upstream(KEYS["gamma"], "tiny-c").start(),
+        "remote": Upstream(KEYS["remote"], "big-r", tls=(str(certs / "remote.pem"), str(certs / "remote-key.pem"))),
+    }
+    up["remote"].start()
+    try:
+        yield certs, up
+    finally:
+        for u in up.values():
+            u.stop()
+
+
+def prepared(tmp, upstreams):
+    """A gateway's folder with rig-c's key file, and its inventory."""
+    certs, up = upstreams
+    (tmp / "rig-c-vllm" / "gamma").mkdir(parents=True)
+    (tmp / "rig-c-vllm" / "gamma" / "api_key").write_text(KEYS["gamma"] + "\n")
+    return inventory(tmp, {"gateway": free_port()}, up, certs)
+
+
+def stop_nginx(conf, pid_file):
+    subprocess.run([NGINX, "-c", str(conf), "-s", "quit"], capture_output=True, check=False)
+    deadline = time.time() + 10
+    while pid_file.exists() and time.time() < deadline:
+        time.sleep(0.1)
+    if pid_file.exists():  # pragma: no cover - nginx did not quit: end it
+        os.kill(int(pid_file.read_text()), signal.SIGTERM)
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory, upstreams):
+    """The role's preflight and configure on this machine, the set put live by the tool, nginx started by hand."""
+    tmp = tmp_path_factory.mktemp("llm-gateway")
+    inv = prepared(tmp, upstreams)
+    rc, out = playbook(tmp, inv)
+    assert rc == 0, out[-4000:]
+    assert tool("promote", str(tmp / "etc")).returncode == 0
+    g = Gateway(tmp, {"gateway": inv["all"]["children"]["gateways"]["hosts"]["gw"]["llm_gateway_port"]},
+                upstreams[1], inv)  # fmt: skip
+    g.render_output = out
+    started = g.nginx()
+    assert started.returncode == 0, started.stderr
+    try:
+        g.wait_config(g.live_id())
+        yield g
+    finally:
+        stop_nginx(tmp / "etc" / "live" / "nginx.conf", tmp / "nginx.pid")
+
+
+@needs_nginx
+def test_the_set_is_checked_sealed_and_root_only(gateway):
+    staging = gateway.etc / "staging"
+    for name in ("nginx.conf", "gateway.js", "cert.pem", "key.pem", "config_id", "config_id.conf"):
+        assert (staging / name).stat().st_mode & 0o777 == 0o600, name
+    assert (staging.stat().st_mode & 0o777) == 0o700
+    assert tool("check", str(staging)).returncode == 0
+    assert tool("seal", str(staging)).stdout.strip() == f"{gateway.live_id()} kept"
+    conf, js = (staging / "nginx.conf").read_text(), (staging / "gateway.js").read_text()
+    # upstream keys only in nginx.conf (root only), client keys nowhere: only their sha256 in gateway.js
+    assert f"Bearer {KEYS['gamma']}" in conf and KEYS["gamma"] not in js
+    for key in CLIENTS.values():
+        assert key not in conf and key not in js and gw.sha256_hex(key) in js
+    for key in list(KEYS.values()) + list(CLIENTS.values()):
+        assert key not in gateway.render_output
+    assert (gateway.etc / "health_key").stat().st_mode & 0o777 == 0o600
+    # nginx refuses a broken set: nothing would go live
+    broken = gateway.tmp / "broken"
+    shutil.copytree(staging, broken)
+    (broken / "nginx.conf").write_text((broken / "nginx.conf").read_text().replace("proxy_pass", "proxy_passs", 1))
+    check = tool("check", str(broken))
+    assert check.returncode != 0 and "proxy_passs" in check.stderr
+
+
+@needs_nginx
+@pytest.mark.parametrize(
+    ("name", "answered_by"),
+    [("tiny-a", "tiny-a"), ("tiny-b", "tiny-b"), ("tiny-c", "tiny-c"), ("big-r", "big-r"), ("chat", "tiny-a"),
+     ("far", "tiny-a")],
+)  # fmt: skip
+def test_every_name_answers_through_its_upstream(gateway, name, answered_by):
+    status, body = gateway.chat(name)
+    assert status == 200, body
+    assert body["model"] == answered_by and body["choices"][0]["message"]["content"] == "hi"
+
+
+@needs_nginx
+def test_other_api_paths_are_routed_by_model(gateway):
+    status, body = gateway.call("/v1/messages?beta=true", CLIENTS["dev"], {"model": "far", "max_tokens": 4,
+                                "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
+    assert status == 200 and body["type"] == "message" and body["model"] == "tiny-a"
+    assert gateway.up["alpha"].seen[-1]["path"] == "/v1/messages?beta=true"
+    status, body = gateway.call("/v1/embeddings", CLIENTS["dev"], {"model": "big-r", "input": "x"})
+    assert status == 200 and body["model"] == "big-r"
+    # the remote's base path is kept, the query string passed on
+    assert gateway.up["remote"].seen[-1]["path"] == "/v1/embeddings"
+
+
+@needs_nginx
+def test_streaming_is_passed_on_unbuffered(gateway):
+    t0 = time.monotonic()
+    status, lines = gateway.call("/v1/chat/completions", CLIENTS["dev"], {"model": "chat", "stream": True,
+                                 "messages": [{"role": "user", "content": "hi"}]}, stream=True)  # fmt: skip
+    assert status == 200
+    arrivals = []
+    for raw in lines:
+        line = raw.decode().strip()
+        if line.startswith("data:"):
+            arrivals.append((time.monotonic() - t0, line[5:].strip()))
+    assert arrivals[-1][1] == "[DONE]" and len(arrivals) == 4
+    assert json.loads(arrivals[0][1])["model"] == "tiny-a"
+    # the stand-in waits 0.3 s between events: the first one must not wait for the last
+    assert arrivals[0][0] < 0.25 and arrivals[-1][0] > 0.8, arrivals
+
+
+@needs_nginx
+def test_upstreams_see_their_own_key_never_the_clients(gateway):
+    for u in gateway.up.values():
+        u.seen.clear()
+    for name in ("tiny-a", "tiny-b", "tiny-c", "big-r", "chat"):
+        status, _ = gateway.call("/v1/chat/completions", CLIENTS["dev"], {"model": name, "messages": []},
+                                 headers={"X-Api-Key": CLIENTS["dev"], "Api-Key": CLIENTS["dev"],
+                                          "Cookie": f"session={CLIENTS['dev']}"})  # fmt: skip
+        assert status == 200
+    for label, u in gateway.up.items():
+        assert u.seen, label
+        for request in u.seen:
+            headers = {k.lower(): v for k, v in request["headers"].items()}
+            assert headers["authorization"] == f"Bearer {KEYS[label]}"
+            assert not any(CLIENTS["dev"] in v for v in headers.values()), headers
+            assert not {"x-api-key", "api-key", "cookie"} & set(headers)
+    # the alias reached alpha with its own name in the body
+    assert gateway.up["alpha"].seen[-1]["body"]["model"] == "tiny-a"
+    assert gateway.up["remote"].seen[-1]["headers"]["Host"] == "127.0.0.1:" + str(gateway.up["remote"].port)
+
+
+@needs_nginx
+@pytest.mark.parametrize("path", ["/v1/models", "/v1/chat/completions", "/v1/models/tiny-a"])
+@pytest.mark.parametrize(
+    "auth",
+    [None, "Bearer not-a-key", f"Bearer {CLIENTS['dev']}x", f"Bearer {CLIENTS['dev'][:-1]}", "Basic Zm9vOmJhcg==",
+     f"Token {CLIENTS['dev']}", f"Bearer {gw.sha256_hex(CLIENTS['dev'])}"],
+)  # fmt: skip
+def test_a_missing_or_wrong_key_is_401(gateway, path, auth):
+    body = {"model": "tiny-a", "messages": []} if path == "/v1/chat/completions" else None
+    status, resp_headers, payload = gateway.client(
+        "POST" if body else "GET", path, body=body, headers={"Authorization": auth} if auth else {}
+    )
+    assert status == 401, payload
+    assert json.loads(payload)["error"]["type"] == "authentication_error"
+    assert resp_headers.get("WWW-Authenticate", "").startswith("Bearer")
+
+
+@needs_nginx
+def test_models_403_404_and_what_each_key_may_use(gateway):
+    status, body = gateway.call("/v1/models", CLIENTS["limited"])
+    assert status == 200 and body["object"] == "list"
+    assert [m["id"] for m in body["data"]] == ["tiny-a", "chat"]
+    assert all(m["object"] == "model" and m["owned_by"] == "rigops" for m in body["data"])
+    status, body = gateway.call("/v1/models", CLIENTS["dev"])
+    assert [m["id"] for m in body["data"]] == ["tiny-a", "tiny-b", "tiny-c", "big-r", "chat", "far"]
+    assert gateway.call("/v1/models/chat", CLIENTS["limited"])[0] == 200
+    assert gateway.call("/v1/models/tiny-b", CLIENTS["limited"])[0] == 404
+    status, body = gateway.chat("tiny-b", key=CLIENTS["limited"])
+    assert status == 403 and body["error"]["type"] == "permission_error"
+    status, body = gateway.chat("gpt-4o", key=CLIENTS["limited"])
+    assert status == 404 and "Models of this key: tiny-a, chat" in body["error"]["message"]
+    assert gateway.chat("chat", key=CLIENTS["limited"])[0] == 200
+
+
+@needs_nginx
+@pytest.mark.parametrize(
+    "path",
+    ["/metrics", "/tokenize", "/detokenize", "/health", "/version", "/docs", "/openapi.json", "/ping", "/load",
+     "/pause", "/resume", "/v1/load_lora_adapter", "/v1/responses/resp_1", "/v1/chat/completions/render",
+     "/server_info", "/v1/models/../../metrics"],
+)  # fmt: skip
+def test_paths_vllm_leaves_open_are_never_passed_on(gateway, path):
+    for u in gateway.up.values():
+        u.seen.clear()
+    for method in ("GET", "POST"):
+        status, _ = gateway.call(path, CLIENTS["dev"], {"model": "tiny-a"} if method == "POST" else None, method=method)
+        assert status == 404, (method, path, status)
+    assert not any(u.seen for u in gateway.up.values())
+
+
+@needs_nginx
+def test_bad_bodies_are_400_and_too_large_413(gateway):
+    status, _, payload = gateway.client("POST", "/v1/chat/completions", body=b"not json",
+                                        headers={"Authorization": f"Bearer {CLIENTS['dev']}"})  # fmt: skip
+    assert status == 400 and b"not JSON" in payload
+    for body in ({"messages": []}, {"model": 7}, ["tiny-a"]):
+        assert gateway.call("/v1/chat/completions", CLIENTS["dev"], body)[0] == 400
+    status, body = gateway.chat("tiny-a", padding="x" * 70000)
+    assert status == 413 and body["error"]["code"] == 413
+    status, body = gateway.call("/v1/chat/completions", CLIENTS["dev"], method="GET")
+    assert status == 405
+
+
+@needs_nginx
+def test_rate_limit_per_client(gateway):
+    time.sleep(1.1)
+    codes = [gateway.chat("tiny-a", key=CLIENTS["slow"])[0] for _ in range(6)]
+    assert codes[:2] == [200, 200] and codes.count(429) >= 3, codes
+    status, body = gateway.chat("tiny-a", key=CLIENTS["slow"])
+    assert status == 429 and body["error"]["type"] == "rate_limit_error"
+    # another client is not slowed by it
+    assert [gateway.chat("tiny-a")[0] for _ in range(5)] == [200] * 5
+
+
+@needs_nginx
+def test_access_log_is_json_without_keys_or_bodies(gateway):
+    gateway.chat("chat", key=CLIENTS["limited"])
+    gateway.chat("tiny-b", key=CLIENTS["limited"])
+    gateway.chat("tiny-a", key="wrong-key-0123456789abcdef0123456789")
+    text = (gateway.tmp / "log" / "access.log").read_text() if gateway.log() else ""
+    lines = [json.loads(line) for line in text.splitlines()]
+    ok = [e for e in lines if e["client"] == "limited" and e["model"] == "chat" and e["status"] == 200][-1]
+    assert ok["target"] == "gw/alpha"
+    assert ok["upstream"] == f"127.0.0.1:{gateway.up['alpha'].port}"
+    assert isinstance(ok["request_time"], float) and ok["path"] == "/v1/chat/completions"
+    assert any(e["client"] == "limited" and e["model"] == "tiny-b" and e["status"] == 403 for e in lines)
+    assert any(e["client"] == "" and e["status"] == 401 for e in lines)
+    for secret in [PROMPT, *CLIENTS.values(), *KEYS.values(), "wrong-key-0123456789abcdef0123456789"]:
+        assert secret not in text
+    assert PROMPT not in (gateway.tmp / "log" / "error.log").read_text()
+
+
+@needs_nginx
+def test_gate_passes_and_names_what_answered(gateway):
+    key = (gateway.etc / "health_key").read_text().strip()
+    names = [{"name": n, "gate": True, "why": ""} for n in ("tiny-a", "tiny-b", "tiny-c", "big-r", "chat", "far")]
+    out = http.gate(gateway.client, key, names, config_id=gateway.live_id(), stream_name="chat", timeout=5)
+    assert out["failures"] == [], out["failures"]
+    assert out["answered"]["far"]["answered_by"] == "tiny-a" and out["answered"]["chat"]["ttft_s"] < 0.3
+    assert set(out["listed"]) == {n["name"] for n in names}
+    stale = http.gate(gateway.client, key, names, config_id="0" * 16, timeout=1)
+    assert [f["kind"] for f in stale["failures"]] == ["not_reloaded"]
+    wrong = http.gate(gateway.client, CLIENTS["limited"], names, config_id=gateway.live_id(), timeout=5)
+    assert {f["kind"] for f in wrong["failures"]} == {"models", "chat"}
+
+
+@needs_nginx
+def test_probe_tells_reachable_from_refused(gateway):
+    targets = [{"ref": "a", "server": f"127.0.0.1:{gateway.up['alpha'].port}"}, {"ref": "z", "server": "127.0.0.1:9"}]
+    out = http.probe(targets, timeout=1)
+    assert [(r["ref"], r["ok"]) for r in out] == [("a", True), ("z", False)] and out[1]["error"]
+
+
+@needs_nginx
+def test_preflight_refuses_with_the_fix_and_never_the_key(gateway, tmp_path):
+    inv = copy.deepcopy(gateway.inv)
+    host = inv["all"]["children"]["gateways"]["hosts"]["gw"]
+    host["llm_gateway_config_root"] = str(tmp_path / "etc")
+    host["llm_gateway_clients"].append({"name": "eve", "key": "short-secret-value", "models": ["tiny-z"]})
+    host["llm_gateway_aliases"]["broken"] = ["tiny-a", "remote:gone"]
+    inv["all"]["children"]["gpu-rigs"]["hosts"]["rig-b"]["vllm_instances"][0]["host"] = "127.0.0.1"
+    rc, out = playbook(tmp_path, inv)
+    assert rc != 0
+    flat = " ".join(out.split())
+    assert "llm_gateway preflight refused (4 problem(s))" in flat, out[-3000:]
+    for words in (
+        "rig-b/beta (tiny-b) binds 127.0.0.1: the gateway on gw cannot reach it on another host",
+        "llm_gateway_clients[3] (eve): key is shorter than 32 characters",
+        "llm_gateway_clients[3] (eve): model 'tiny-z' is unknown to the gateway",
+        "llm_gateway_aliases['broken']: 'remote:gone': no remote lists the model 'gone'",
+    ):
+        assert words in flat, words
+    assert "short-secret-value" not in out
+    assert not (tmp_path / "etc" / "staging" / "nginx.conf").exists()
+
+
+@needs_nginx
+def test_fallback_on_a_refused_upstream_benches_it_and_returns(gateway):
+    alpha = gateway.up["alpha"]
+    port = alpha.port
+    alpha.stop()
+    try:
+        t0 = time.monotonic()
+        status, body = gateway.chat("chat")
+        first = time.monotonic() - t0
+        assert status == 200 and body["model"] == "tiny-b"
+        status, body = gateway.chat("chat")
+        assert status == 200 and body["model"] == "tiny-b"
+        status, body = gateway.chat("far")
+        assert status == 200 and body["model"] == "big-r"
+        # a name without a fallback answers a JSON 502
+        status, body = gateway.chat("tiny-a")
+        assert status == 502 and body["error"]["type"] == "upstream_unavailable"
+        log = [e for e in gateway.log() if e["model"] in ("chat", "far")][-3:]
+        # the first: alpha refused, then beta; the second: alpha benched (not tried), beta at once
+        assert log[0]["upstream"].startswith(f"127.0.0.1:{port} : ") and log[0]["target"] == "rig-b/beta"
+        assert log[0]["upstream_status"] == "502 : 200"
+        assert log[1]["upstream"].startswith("u0b : ") and log[1]["target"] == "rig-b/beta"
+        assert log[2]["target"] == "remote:hosted"
+        assert float(log[0]["request_time"]) < 0.1 and first < 1.0, (log[0], first)
+    finally:
+        alpha.start(port)
+    time.sleep(2.2)  # llm_gateway_bench_seconds
+    deadline = time.time() + 10
+    while time.time() < deadline and gateway.chat("chat")[1].get("model") != "tiny-a":
+        time.sleep(0.5)
+    assert gateway.chat("chat")[1]["model"] == "tiny-a"
+    assert gateway.chat("tiny-a")[0] == 200
+
+
+def test_the_config_sets_tool(tmp_path):
+    """seal, same, promote, mark-good, restore: what tasks/run.yml does with the sets (no nginx needed)."""
+    etc = tmp_path / "etc"
+    (etc / "staging").mkdir(parents=True)
+
+    def stage(text):
+        for name in ("nginx.conf", "gateway.js", "cert.pem", "key.pem"):
+            (etc / "staging" / name).write_text(f"{name} {text}\n")
+        return tool("seal", str(etc / "staging")).stdout.split()
+
+    ident, state = stage("one")
+    assert state == "changed" and len(ident) == 16
+    assert (etc / "staging" / "config_id.conf").read_text() == f'js_var $llm_config_id "{ident}";\n'
+    assert stage("one") == [ident, "kept"]
+    assert tool("same", str(etc / "staging"), str(etc / "live")).returncode == 1
+    assert tool("restore", str(etc)).returncode == 3  # nothing good yet
+    assert tool("promote", str(etc)).returncode == 0 and tool("mark-good", str(etc)).returncode == 0
+    assert tool("same", str(etc / "staging"), str(etc / "live")).returncode == 0
+    two = stage("two")[0]
+    assert two != ident and tool("promote", str(etc)).returncode == 0
+    assert (etc / "live" / "config_id").read_text().strip() == two
+    assert tool("restore", str(etc)).returncode == 0
+    assert (etc / "live" / "config_id").read_text().strip() == ident
+    assert (etc / "rejected" / "config_id").read_text().strip() == two
+    for folder in ("live", "last-good", "rejected"):
+        assert (etc / folder).stat().st_mode & 0o777 == 0o700
+        assert all(f.stat().st_mode & 0o777 == 0o600 for f in (etc / folder).iterdir())
+    assert sorted(p.name for p in etc.iterdir()) == ["last-good", "live", "rejected", "staging"]
+    assert tool("bogus").returncode == 2
+
+
+# A stand-in for systemctl that drives nginx the way rigops-llm-gateway.service does (ExecStartPre
+# and ExecReload check the live set with nginx -t; start, HUP, quit), for the one unit of the test:
+# enough for ansible.builtin.systemd_service and the role's `systemctl is-active`.
+SYSTEMCTL = r"""#!/bin/bash
+unit=""; for arg in "${@:2}"; do case "$arg" in -*) ;; *) unit="${arg%.service}" ;; esac; done
+running() { [ -f "$SHIM_PID" ] && kill -0 "$(cat "$SHIM_PID")" 2>/dev/null; }
+enabled() { cat "$SHIM_STATE/enabled" 2>/dev/null || echo disabled; }
+ours() { [ "$unit" = "$SHIM_UNIT" ]; }
+case "$1" in
+  daemon-reload) echo daemon-reload >> "$SHIM_STATE/log" ;;
+  show)
+    if ! ours; then printf 'LoadState=not-found\nActiveState=inactive\n'; exit 0; fi
+    printf 'Id=%s.service\nLoadState=loaded\nUnitFileState=%s\n' "$unit" "$(enabled)"
+    if running; then printf 'ActiveState=active\nSubState=running\n'
+    else printf 'ActiveState=inactive\nSubState=dead\n'; fi ;;
+  is-enabled) ours || exit 1; enabled; [ "$(enabled)" = enabled ] ;;
+  enable) echo enabled > "$SHIM_STATE/enabled" ;;
+  disable) echo disabled > "$SHIM_STATE/enabled" ;;
+  is-active) if ours && running; then echo active; else echo inactive; exit 3; fi ;;
+  start) running && exit 0; echo start >> "$SHIM_STATE/log"
+         "$SHIM_NGINX" -t -q -c "$SHIM_CONF" && "$SHIM_NGINX" -c "$SHIM_CONF" ;;
+  reload) echo reload >> "$SHIM_STATE/log"
+          "$SHIM_NGINX" -t -q -c "$SHIM_CONF" && kill -HUP "$(cat "$SHIM_PID")" ;;
+  stop|restart) echo "$1" >> "$SHIM_STATE/log"
+          if running; then "$SHIM_NGINX" -c "$SHIM_CONF" -s quit
+            for _ in $(seq 100); do running || break; sleep 0.1; done; fi
+          [ "$1" = stop ] || { "$SHIM_NGINX" -t -q -c "$SHIM_CONF" && "$SHIM_NGINX" -c "$SHIM_CONF"; } ;;
+  *) echo "systemctl stand-in: $*" >&2; exit 1 ;;
+esac
+"""
+
+FULL_PLAY = [{"name": "llm_gateway, the whole role", "hosts": "gateways", "gather_facts": False,
+              "roles": [{"role": "llm_gateway"}]}]  # fmt: skip
+
+
+@needs_nginx
+@pytest.mark.skipif(os.geteuid() != 0, reason="the role makes root-owned folders and files: run as root")
+def test_the_whole_role_deploys_gates_reruns_and_rolls_back(upstreams, tmp_path):
+    """install, configure, run, with the unit driven by a systemctl stand-in: the first run starts the
+    gateway and gates it, a rerun and check mode change nothing, and a change that fails the gate is
+    rolled back to the last good set, which keeps serving."""
+    inv = prepared(tmp_path, upstreams)
+    host = inv["all"]["children"]["gateways"]["hosts"]["gw"]
+    service = f"rigops-llm-gateway-test-{os.getpid()}"
+    host.update({"llm_gateway_packages": [], "llm_gateway_disable_default_nginx": False, "llm_gateway_service": service,
+                 "llm_gateway_tool_dir": str(tmp_path / "tool"), "llm_gateway_systemd_dir": str(tmp_path / "systemd"),
+                 "llm_gateway_logrotate_dir": str(tmp_path / "logrotate"), "llm_gateway_gate_timeout": 10})  # fmt: skip
+    for folder in ("bin", "systemd", "logrotate", "shim"):
+        (tmp_path / folder).mkdir()
+    (tmp_path / "bin" / "systemctl").write_text(SYSTEMCTL)
+    (tmp_path / "bin" / "systemctl").chmod(0o755)
+    live = tmp_path / "etc" / "live" / "nginx.conf"
+    env = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "SHIM_UNIT": service, "SHIM_NGINX": NGINX,
+           "SHIM_CONF": str(live), "SHIM_PID": str(tmp_path / "nginx.pid"),
+           "SHIM_STATE": str(tmp_path / "shim")}  # fmt: skip
+    shim_log = tmp_path / "shim" / "log"
+    port = host["llm_gateway_port"]
+    try:
+        rc, out = playbook(tmp_path, inv, play=FULL_PLAY, env=env)
+        assert rc == 0, out[-4000:]
+        assert shim_log.read_text().split() == ["daemon-reload", "start"]
+        active = subprocess.run([tmp_path / "bin" / "systemctl", "is-active", service], env={**os.environ, **env},
+                                capture_output=True, text=True, check=False)  # fmt: skip
+        assert active.stdout.strip() == "active"
+        assert "Run | Gate through the gateway on every name" in out
+        unit = (tmp_path / "systemd" / f"{service}.service").read_text()
+        assert f"ExecStart={NGINX} -c {live}" in unit and "ExecReload=/bin/kill -s HUP $MAINPID" in unit
+        good = (tmp_path / "etc" / "live" / "config_id").read_text().strip()
+        assert (tmp_path / "etc" / "last-good" / "config_id").read_text().strip() == good
+        summary = json.loads((tmp_path / "etc" / "summary.json").read_text())
+        assert summary["url"] == f"https://gw:{port}/v1" and summary["config_id"] == good
+        assert summary["clients"]["limited"] == ["tiny-a", "chat"] and summary["cert_pem"].startswith("-----BEGIN")
+        assert (tmp_path / "tool" / "rigops-llm-gateway-config").stat().st_mode & 0o777 == 0o755
+        for secret in [*KEYS.values(), *CLIENTS.values()]:
+            assert secret not in out and secret not in json.dumps(summary)
+        # a rerun and check mode change nothing, reload nothing, and gate again
+        for extra in ((), ("--check",)):
+            rc, out = playbook(tmp_path, inv, *extra, play=FULL_PLAY, env=env)
+            assert rc == 0, out[-4000:]
+            assert recap(out) == (0, 0), out[-4000:]
+            assert "ok: [gw]" in out.split("Run | Gate through the gateway on every name")[1][:400]
+        assert shim_log.read_text().split() == ["daemon-reload", "start"]
+        # nginx accepts this change, but the hosted provider refuses its key: the gate fails, the last good set
+        # comes back (reload) and keeps serving, the rejected one is kept
+        bad = copy.deepcopy(inv)
+        bad["all"]["children"]["gateways"]["hosts"]["gw"]["llm_gateway_remotes"][0]["key"] = "wrong-remote-key-01234567"
+        rc, out = playbook(tmp_path, bad, play=FULL_PLAY, env=env)
+        assert rc != 0
+        flat = " ".join(out.split())
+        assert "the gateway failed its gate" in flat and "big-r: chat completion: HTTP 401" in flat, out[-4000:]
+        assert "The last good config set is back in service" in flat
+        assert shim_log.read_text().split() == ["daemon-reload", "start", "reload", "reload"]
+        assert (tmp_path / "etc" / "live" / "config_id").read_text().strip() == good
+        rejected = (tmp_path / "etc" / "rejected" / "config_id").read_text().strip()
+        assert rejected != good and "wrong-remote-key" in (tmp_path / "etc" / "rejected" / "nginx.conf").read_text()
+        assert "wrong-remote-key" not in out
+        client = http.Client("127.0.0.1", port, server_name="127.0.0.1", ca_file=str(tmp_path / "etc/tls/cert.pem"))
+        http.wait_config(client, good, 10, interval=0.1)
+        status, _, body = client("POST", "/v1/chat/completions", headers={"Authorization": f"Bearer {CLIENTS['dev']}"},
+                                 body={"model": "big-r", "messages": []})  # fmt: skip
+        assert status == 200 and json.loads(body)["model"] == "big-r"
+    finally:
+        stop_nginx(live, tmp_path / "nginx.pid")
+
+
+# --------------------------------------------------------------------------- benchmarks/gateway.py (no host)
+
+
+def _bench():
+    """benchmarks/gateway.py and its helper, registered like tests/unit/test_benchmarks.py does."""
+    for name, module in (("_sandbox", "_sandbox"), ("gateway", "bench_gateway")):
+        if module not in sys.modules:
+            spec = importlib.util.spec_from_file_location(module, ROOT / "benchmarks" / f"{name}.py")
+            sys.modules[module] = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(sys.modules[module])
+    return sys.modules["bench_gateway"]
+
+
+def test_benchmark_ratios_table_and_arguments():
+    bench = _bench()
+    results = {
+        "direct": {"1": {"requests": 100, "errors": 0, "rps": 20.0, "median_ms": 50.2, "p90_ms": 51.0},
+                   "8": {"requests": 0, "errors": 9, "rps": 0.0, "median_ms": None, "p90_ms": None}},
+        "gateway": {"1": {"requests": 99, "errors": 0, "rps": 19.5, "median_ms": 50.9, "p90_ms": 52.0},
+                    "8": {"requests": 10, "errors": 0, "rps": 1.0, "median_ms": 60.0, "p90_ms": 61.0}},
+    }  # fmt: skip
+    assert bench.ratios(results) == {"1": {"added_median_ms": 0.7, "throughput_ratio": 0.975}}
+    text = bench.format_results(results, "local", False, 50)
+    assert "answering after 50 ms" in text
+    assert "concurrency 1: +0.700 ms median (goal <= 1.0 ms), throughput 0.975x direct (goal >= 0.95x): met" in text
+    assert re.search(r"^ +8  direct +- +- +0.0 +9$", text, re.M)
+    args = bench.parse_args(["--where", "local", "--concurrency", "32,1", "--upstream-ms", "50"])
+    assert args.concurrency == [1, 32] and args.where == "local" and args.upstream_ms == 50
+    for bad in (["--concurrency", "0"], ["--seconds", "0"], ["--where", "moon"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args(bad)
+    # its sandbox host's SSH port is its own
+    used = set()
+    for path in [*ROOT.glob("molecule/*/molecule.yml"), ROOT / "inventories" / "sandbox" / "hosts.yml"]:
+        used |= {int(p) for p in re.findall(r"(?:port|ansible_port):\s*(\d+)", path.read_text())}
+    assert bench.HOST[2] not in used | set(range(2381, 2389)) | set(range(2391, 2395)) | {2355, 2356, 2357, 2358}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gateway.py"), "--help"], capture_output=True,
+                          text=True, check=False)  # fmt: skip
+    assert proc.returncode == 0 and proc.stdout.startswith("usage:")
+
+
+def test_the_example_gateway_names_only_what_the_example_inventory_serves():
+    """inventories/example/group_vars/gateways: every alias target and client model is served by the example's
+    rigs and Jetson (their instances bound to their own address, as that file's comment asks) or its remote."""
+    settings = yaml.safe_load((ROOT / "inventories/example/group_vars/gateways/llm_gateway.yml").read_text())
+    vault = iter(f"vault-placeholder-{i:02d}-0123456789abcdef0123456789" for i in range(100))
+
+    def unvault(value):
+        if isinstance(value, str) and "{{" in value:
+            return next(vault)
+        if isinstance(value, dict):
+            return {k: unvault(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [unvault(v) for v in value]
+        return value
+
+    settings = unvault(settings)
+    hosts = {}
+    for group, host, address in (("rtx5090", "rig-5090-01", "10.0.10.11"), ("h100", "h100-01", "10.0.10.21"),
+                                 ("jetson", "thor-01", "10.0.20.31")):  # fmt: skip
+        instances = yaml.safe_load((ROOT / f"inventories/example/group_vars/{group}/vllm_instances.yml").read_text())
+        hosts[host] = {
+            "ansible_host": address,
+            "vllm_instances": [dict(i, host=address) for i in instances["vllm_instances"]],
+        }
+    backends = gw.backends(list(hosts), hosts, "gw-01")
+    spec_ = {"backends": backends, "remotes": settings["llm_gateway_remotes"],
+             "aliases": settings["llm_gateway_aliases"], "clients": settings["llm_gateway_clients"],
+             "gateway_port": settings["llm_gateway_port"],
+             "keys_present": [i["ref"] for b in backends for i in b["instances"]]}  # fmt: skip
+    assert gw.problems(spec_) == []
+    routes = {r["name"]: [h["label"] for h in r["hops"]] for r in gw.table(spec_)["routes"]}
+    assert routes["chat"] == ["rig-5090-01/main", "h100-01/chat", "thor-01/text", "remote:hosted"]
+    assert set(settings["llm_gateway_gate_skip"]) <= set(routes)
+    # bound to loopback (the example's default today), the rigs are refused with the fix
+    loopback = {h: dict(v, vllm_instances=yaml.safe_load(
+        (ROOT / f"inventories/example/group_vars/{g}/vllm_instances.yml").read_text())["vllm_instances"])
+        for (h, v), g in zip(hosts.items(), ("rtx5090", "h100", "jetson"), strict=True)}  # fmt: skip
+    refused = gw.problems(dict(spec_, backends=gw.backends(list(loopback), loopback, "gw-01")))
+    assert len(refused) == 5 and all("vllm_service_allow_remote_bind" in p for p in refused)
