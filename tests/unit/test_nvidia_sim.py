@@ -619,8 +619,7 @@ def test_orin_profile(host):
 
 @pytest.mark.parametrize("profile, ram, swap", [("jetson-orin", 62801, True), ("jetson-thor", 125772, False)])
 def test_tegrastats_prints_the_boards_layout_until_stopped(host, profile, ram, swap):
-    sys.path.insert(0, str(ROOT / "module_utils"))
-    import jetson_platform  # noqa: PLC0415
+    from ansible.module_utils import jetson_platform  # noqa: PLC0415 (tests/conftest.py adds module_utils)
 
     h = host(profile)
     proc = subprocess.Popen(
