@@ -1,11 +1,12 @@
-"""The main job's report of one rig, from this run's stage results and the rig's stage records.
+"""The report of one host of a job, from this run's stage results and the host's stage records.
 
-Used by playbooks/report.yml:
+Used by playbooks/report.yml, for both jobs (gpu_rigs: driver, topology, runtime, weights,
+services, health; jetson: platform, runtime, weights, services, health):
 
-    {{ host | rigops_rig_report(results, records, summaries, stages, reached, current_stage, stopped_by) }}
+    {{ host | rigops_rig_report(results, records, summaries, stages, reached, current_stage, stopped_by, job) }}
     {{ entry | rigops_report_line }}
 
-A rig is ``ok`` only when every stage of the job passed on it: in this run, or, for a
+A host is ``ok`` only when every stage of its job passed on it: in this run, or, for a
 stage this run skipped (``--tags``), as recorded on the rig by the last run that ran it
 (``<rigops_stage_record_dir>/<stage>.json``, written by playbooks/tasks/stage_*.yml). A
 record that still says ``started`` is a stage a run never finished. Python rather than a
@@ -18,8 +19,18 @@ STAGE_FIGURES = {
     # stage: the summary keys the report shows, as (report key, summary key)
     "driver": (("driver", "version"), ("driver_source", "source"), ("gpus", "gpu_count")),
     "topology": (("worst_link", "worst_link"),),
+    "platform": (
+        ("board", "board"),
+        ("l4t", "l4t"),
+        ("jetpack", "jetpack"),
+        ("power_mode", "power_mode"),
+        ("swap", "swap"),
+        ("memory", "memory"),
+    ),
     "runtime": (("runtime_release", "release"), ("vllm", "vllm_version")),
 }
+# Keys of a health summary that are not instances (instance names never start with "_").
+HEALTH_EXTRAS = ("_tegrastats",)
 
 
 def _stage_view(stage: str, results: dict, records: dict, summaries: dict) -> dict:
@@ -74,13 +85,15 @@ def _status(stages: list, views: dict, results: dict, reached: bool, current_sta
     return "ok"
 
 
-def rig_report(host, results, records, summaries, stages, reached=True, current_stage=None, stopped_by=None):
-    """The report entry of one rig (a dict, the JSON report's element)."""
+def rig_report(
+    host, results, records, summaries, stages, reached=True, current_stage=None, stopped_by=None, job="gpu_rigs"
+):
+    """The report entry of one host (a dict, the JSON report's element)."""
     results = dict(results or {})
     records = dict(records or {})
     summaries = dict(summaries or {})
     views = {stage: _stage_view(stage, results, records, summaries) for stage in stages}
-    entry = {"host": host, "status": _status(stages, views, results, reached, current_stage, stopped_by)}
+    entry = {"host": host, "job": job, "status": _status(stages, views, results, reached, current_stage, stopped_by)}
     failed = [s for s in ["preflight", *stages] if results.get(s, {}).get("status") == "failed"]
     entry["reason"] = (
         f"{results[failed[0]].get('task') or failed[0]}: {str(results[failed[0]].get('msg') or '').strip()}"
@@ -88,19 +101,34 @@ def rig_report(host, results, records, summaries, stages, reached=True, current_
         else None
     )
     for stage, figures in STAGE_FIGURES.items():
+        if stage not in stages:
+            continue
         summary = views.get(stage, {}).get("summary") or {}
         for key, name in figures:
             entry[key] = summary.get(name)
-    topo = views.get("topology", {})
-    entry["topology"] = (
-        None
-        if topo.get("status") in (None, "missing") or not topo.get("summary")
-        else ("pass" if topo["summary"].get("passed") else "fail")
-    )
-    entry["topology_problems"] = (topo.get("summary") or {}).get("problems") or []
-    entry["gpus"] = (topo.get("summary") or {}).get("gpus") or entry["gpus"]
+    if "topology" in stages:
+        topo = views.get("topology", {})
+        entry["topology"] = (
+            None
+            if topo.get("status") in (None, "missing") or not topo.get("summary")
+            else ("pass" if topo["summary"].get("passed") else "fail")
+        )
+        entry["topology_problems"] = (topo.get("summary") or {}).get("problems") or []
+        entry["gpus"] = (topo.get("summary") or {}).get("gpus") or entry["gpus"]
     service = views.get("health", {}).get("summary") or views.get("services", {}).get("summary") or {}
-    entry["instances"] = [dict(figures, name=name) for name, figures in sorted(service.items())]
+    entry["instances"] = [
+        dict(figures, name=name) for name, figures in sorted(service.items()) if name not in HEALTH_EXTRAS
+    ]
+    if "platform" in stages:
+        platform = views.get("platform", {}).get("summary") or {}
+        entry["health"] = service.get("_tegrastats") or platform.get("health") or {}
+    if "gateway" in stages:
+        gateway = views.get("gateway", {}).get("summary") or {}
+        entry["gateway"] = {
+            "url": gateway.get("url"),
+            "clients": gateway.get("clients") or {},
+            "not_gated": sorted(gateway.get("not_gated") or {}),
+        }
     entry["stages"] = {
         stage: {k: v for k, v in view.items() if k != "summary" and v not in (None, "")}
         for stage, view in views.items()
@@ -115,18 +143,35 @@ def report_line(entry) -> str:
     def show(value):
         return "-" if value in (None, "", []) else str(value)
 
-    topology = show(entry.get("topology"))
-    if entry.get("topology_problems"):
-        topology += f" ({len(entry['topology_problems'])} finding(s))"
     instances = "; ".join(
         f"{i['name']} ({show(i.get('served_name'))} at {show(i.get('url'))}, ready {show(i.get('ready_s'))} s, "
         f"first token {show(i.get('ttft_s'))} s)"
         for i in entry.get("instances") or []
     )
-    line = (
-        f"{entry['host']}: {entry['status']}; driver={show(entry.get('driver'))} gpus={show(entry.get('gpus'))} "
-        f"topology={topology} runtime={show(entry.get('runtime_release'))} instances={instances or '-'}"
-    )
+    if entry.get("job") == "gateway":
+        line = f"{entry['host']}: {entry['status']};"
+    elif entry.get("job") == "jetson":
+        health = entry.get("health") or {}
+        ram = f"{health['ram_used_mb']}/{health['ram_total_mb']}MB" if health.get("ram_total_mb") is not None else "-"
+        board = f"{show(entry.get('board'))} (L4T {show(entry.get('l4t'))}, JetPack {show(entry.get('jetpack'))})"
+        line = (
+            f"{entry['host']}: {entry['status']}; board={board} power={show(entry.get('power_mode'))} "
+            f"ram={ram} runtime={show(entry.get('runtime_release'))} instances={instances or '-'}"
+        )
+    else:
+        topology = show(entry.get("topology"))
+        if entry.get("topology_problems"):
+            topology += f" ({len(entry['topology_problems'])} finding(s))"
+        line = (
+            f"{entry['host']}: {entry['status']}; driver={show(entry.get('driver'))} gpus={show(entry.get('gpus'))} "
+            f"topology={topology} runtime={show(entry.get('runtime_release'))} instances={instances or '-'}"
+        )
+    gateway = entry.get("gateway")
+    if gateway:
+        clients = "; ".join(f"{name} -> {', '.join(names)}" for name, names in sorted(gateway["clients"].items()))
+        line += f" gateway={show(gateway.get('url'))} clients: {clients or '-'}"
+        if gateway.get("not_gated"):
+            line += f" (not gated: {', '.join(gateway['not_gated'])})"
     if entry.get("reason"):
         line += f" | why: {' '.join(entry['reason'].split())[:300]}"
     return line

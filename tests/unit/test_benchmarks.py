@@ -34,6 +34,7 @@ main_job = _load("main_job", "bench_main_job")
 connection_cost = _load("connection_cost", "bench_connection_cost")
 model_weights = _load("model_weights", "bench_model_weights")
 vllm_runtime = _load("vllm_runtime", "bench_vllm_runtime")
+rollout_bench = _load("rollout", "bench_rollout")
 
 
 def details(n: int, port: int = 2381, prefix: str = "bench-cc-") -> list[dict]:
@@ -168,7 +169,8 @@ def test_main_job_inventory_serves_what_rig_5090_serves():
 
 
 @pytest.mark.parametrize(
-    "name", ["main_job", "model_weights", "vllm_runtime", "connection_cost", "sandbox_runtime", "gateway"]
+    "name",
+    ["main_job", "model_weights", "vllm_runtime", "connection_cost", "sandbox_runtime", "gateway", "rollout"],
 )
 def test_each_benchmark_runs_as_a_script(name):
     """``./rigops benchmark <name>`` finds the helper (only --help: no host)."""
@@ -405,3 +407,36 @@ def test_connection_cost_table():
     assert lines[2].split()[-4:] == ["4", "28.00", "0.175", "0"]
     assert lines[3].endswith("failed (rc 4), see above")
     assert lines[4].endswith("skipped: mitogen not installed")
+
+
+# --------------------------------------------------------------------------- rollout: wall time against board time
+
+
+def test_rollout_figures_from_a_runner_report(tmp_path, capsys):
+    """The runner's report of a recorded rollout (tests/unit/fixtures/rollout/events-batches.jsonl)."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import rollout  # noqa: PLC0415
+
+    state = rollout.Rollout("fixture", clock=iter(range(0, 10**6, 7)).__next__)
+    for line in (ROOT / "tests/unit/fixtures/rollout/events-batches.jsonl").read_text().splitlines():
+        state.handle(json.loads(line))
+    state.finish(2, "failed")
+    report = state.report()
+    figures = rollout_bench.figures(report)
+    assert figures["host_seconds_sum"] == round(sum(h["host_seconds"] for h in report["hosts"]), 1)
+    assert figures["wall_seconds"] == report["wall_seconds"] and figures["ratio"] is not None
+    assert figures["batches"]["1"]["boards"] == 1 and figures["batches"]["2"]["boards"] == 3
+    text = rollout_bench.format_figures(figures)
+    assert text.startswith(f"rollout fixture: wall {report['wall_seconds']:.1f}s against ")
+    assert "jet-2" in text and "rolled_back" in text and "batch 2: 3 board(s), slowest" in text
+    (tmp_path / "report.json").write_text(json.dumps(report))
+    assert rollout_bench.main(["--report", str(tmp_path / "report.json")]) == 0
+    assert "of board time" in capsys.readouterr().out
+
+
+def test_rollout_bench_uses_ports_of_its_own():
+    ports = {rollout_bench.FIRST_PORT + i for i in range(rollout_bench.MAX_BOARDS)}
+    molecule = yaml.safe_load((ROOT / "molecule/jetson/molecule.yml").read_text())["platforms"]
+    assert ports.isdisjoint({p["port"] for p in molecule})
+    assert ports.isdisjoint(range(2381, 2399))
+    assert rollout_bench.lock_line("idna").startswith("idna==")

@@ -75,15 +75,79 @@ def preflight(tmp_path):
 
 
 def test_preflight_and_report_pass_on_the_example(preflight, tmp_path):
-    """No stage ran and none is recorded: the rigs are reported as not done, never as ok."""
+    """No stage ran and none is recorded: the hosts are reported as not done, never as ok; each by its job."""
     proc = preflight()
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads((tmp_path / "latest.json").read_text())
-    assert [h["host"] for h in report["hosts"]] == ["rig-5090-01", "h100-01"]
-    for rig in report["hosts"]:
+    assert report["jobs"] == ["gpu_rigs", "jetson"] and report["job"] == "gpu_rigs+jetson"
+    assert [h["host"] for h in report["hosts"]] == ["rig-5090-01", "h100-01", "thor-01"]
+    rigs, (thor,) = report["hosts"][:2], report["hosts"][2:]
+    for rig in rigs:
+        assert rig["job"] == "gpu_rigs"
         assert rig["status"].startswith("incomplete: driver never run; topology never run"), rig
         assert rig["driver"] is None and rig["stages"]["services"]["status"] == "missing"
+    assert thor["job"] == "jetson" and sorted(thor["stages"]) == [
+        "health",
+        "platform",
+        "runtime",
+        "services",
+        "weights",
+    ]
+    assert thor["status"].startswith("incomplete: platform never run; runtime never run"), thor
+    assert "driver" not in thor and "topology" not in thor
     assert "rig-5090-01: incomplete: driver never run" in proc.stdout
+    assert "thor-01: incomplete: platform never run" in proc.stdout
+    assert sorted(p.name for p in tmp_path.glob("gpu_rigs+jetson-*.json"))
+
+
+def test_each_job_reports_its_own_group(tmp_path):
+    """-l jetson: the report covers the Jetsons only, with the Jetson job's stages (gpu_rigs.yml skips)."""
+    stages = tmp_path / "stages"
+    stages.mkdir()
+    for stage in ["platform", "runtime", "weights", "services", "health"]:
+        summary = {"board": "Jetson AGX Thor (T5000)", "jetpack": "7.0", "l4t": "R38.2.0", "power_mode": "MAXN"}
+        record = {"stage": stage, "status": "passed", "time": "T", "summary": summary if stage == "platform" else {}}
+        (stages / f"{stage}.json").write_text(json.dumps(record))
+    proc = run(
+        "ansible-playbook", "-i", str(EXAMPLE), "playbooks/jetson.yml", "--tags", "never",
+        "-e", f"rigops_report_dir={tmp_path}", "-e", "ansible_connection=local ansible_become=false",
+        "-e", f"rigops_stage_record_dir={stages}",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((tmp_path / "latest.json").read_text())
+    (thor,) = report["hosts"]
+    assert report["job"] == "jetson" and thor["host"] == "thor-01" and thor["status"] == "ok"
+    assert (thor["board"], thor["jetpack"], thor["power_mode"]) == ("Jetson AGX Thor (T5000)", "7.0", "MAXN")
+    assert "thor-01: ok; board=Jetson AGX Thor (T5000) (L4T R38.2.0, JetPack 7.0) power=MAXN" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "limit, plays",
+    [
+        ("gpu-rigs", {"gpu-rigs": 7, "jetson": 0, "report": ["h100-01", "rig-5090-01"]}),
+        ("jetson", {"gpu-rigs": 0, "jetson": 6, "report": ["thor-01"]}),
+        ("all", {"gpu-rigs": 7, "jetson": 6, "report": ["h100-01", "rig-5090-01", "thor-01"]}),
+    ],
+)
+def test_site_runs_each_job_on_its_group_and_reports_once(limit, plays):
+    """site.yml imports both jobs: -l gpu-rigs, -l jetson and no limit each run the right plays, one report."""
+    proc = run("ansible-playbook", "-i", str(EXAMPLE), "site.yml", "--list-hosts", "-l", limit)
+    assert proc.returncode == 0, proc.stderr
+    blocks = proc.stdout.split("  play #")[1:]
+    counted = {"gpu-rigs": 0, "jetson": 0}
+    reports = []
+    for block in blocks:
+        head = block.splitlines()[0]
+        hosts = [ln.strip() for ln in block.splitlines()[3:] if ln.strip()]
+        if "Report |" in head:
+            if hosts:
+                reports.append(sorted(hosts))
+            continue
+        for group in counted:
+            if f"({group})" in head and hosts:
+                counted[group] += 1
+    assert counted == {"gpu-rigs": plays["gpu-rigs"], "jetson": plays["jetson"]}
+    assert reports == [plays["report"]]
 
 
 def test_report_takes_stages_from_the_records_on_the_rig(preflight, tmp_path):
@@ -121,4 +185,4 @@ def test_preflight_refuses_bad_instance_lists(preflight, tmp_path, instances, wo
     assert "docs/instances.md" in proc.stdout
     # every rig refused: the report still runs and says so
     report = json.loads((tmp_path / "latest.json").read_text())
-    assert [h["status"] for h in report["hosts"]] == ["failed in preflight", "failed in preflight"]
+    assert [h["status"] for h in report["hosts"]] == ["failed in preflight"] * 3

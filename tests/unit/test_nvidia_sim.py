@@ -553,13 +553,13 @@ def test_lspci(host):
 def test_jetson_tools(host):
     h = host("jetson-thor")
     assert h.tool("nvpmodel", "-q").stdout == "NV Power Mode: MAXN\n0\n"
-    assert h.tool("nvpmodel", "-m", "2", euid=1000).returncode == 1
-    assert h.tool("nvpmodel", "-m", "2").returncode == 0
-    assert h.tool("nvpmodel", "-q").stdout == "NV Power Mode: 90W\n2\n"
+    assert h.tool("nvpmodel", "-m", "1", euid=1000).returncode == 1
+    assert h.tool("nvpmodel", "-m", "1").returncode == 0  # MAXN -> 120W: same GPU partitions, live
+    assert h.tool("nvpmodel", "-q").stdout == "NV Power Mode: 120W\n1\n"
     assert h.tool("nvpmodel", "-m", "9").returncode == 1
     show = h.tool("jetson_clocks", "--show").stdout
     assert show.startswith("SOC family:tegra264  Machine:NVIDIA Jetson AGX Thor Developer Kit\n")
-    assert "NV Power Mode: 90W" in show and "MinFreq=972000 " in show
+    assert "NV Power Mode: 120W" in show and "MinFreq=972000 " in show
     assert h.tool("jetson_clocks", "--store").returncode == 0
     assert h.tool("jetson_clocks").returncode == 0
     assert "MinFreq=2601000 " in h.tool("jetson_clocks", "--show").stdout
@@ -570,6 +570,73 @@ def test_jetson_tools(host):
     assert h.tool("lspci", "-d", "10de:").stdout.startswith("0001:00:00.0 PCI bridge: NVIDIA Corporation")
     assert h.tool("nvpmodel", "-q").returncode == 0
     assert host("rtx5090x2").tool("nvpmodel", "-q").returncode == 1
+
+
+def _with_stdin(h, args, text, **env):
+    e = dict(h.env, **env)
+    return subprocess.run(
+        [sys.executable, str(HW / "bin" / "nvpmodel"), *args],
+        env=e, input=text, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+
+
+def test_nvpmodel_asks_for_a_reboot_like_the_real_one(host):
+    """MAXN -> 90W on a Thor gates GPU partitions: the prompt, refused unless YES (tests/fixtures/jetson)."""
+    h = host("jetson-thor")
+    real = (ROOT / "tests/fixtures/jetson/nvpmodel/m-thor-90w-declined.txt").read_text().splitlines()
+    declined = _with_stdin(h, ["-m", "2"], "no\n")
+    assert declined.returncode == 1
+    assert (declined.stdout + declined.stderr).splitlines() == real
+    assert _with_stdin(h, ["-m", "2"], "").returncode == 1  # no answer at all: refused as well
+    assert h.tool("nvpmodel", "-q").stdout == "NV Power Mode: MAXN\n0\n"
+    assert not h.path("/var/lib/nvpmodel/status").exists()
+    yes = _with_stdin(h, ["-m", "2"], "YES\n")
+    assert yes.returncode == 0 and "NVPM WARN: rebooting" in yes.stdout
+    assert h.path("/var/lib/nvpmodel/status").read_text() == "pmode:0002 fmode:quiet\n"
+    assert h.tool("nvpmodel", "-q").stdout == "NV Power Mode: MAXN\n0\n"  # until the board boots
+    h.reboot()
+    assert h.tool("nvpmodel", "-q").stdout == "NV Power Mode: 90W\n2\n"
+
+
+def test_nvpmodel_query_as_a_normal_user_adds_errors(host):
+    h = host("jetson-orin")
+    r = h.tool("nvpmodel", "-q", euid=1000)
+    assert r.returncode == 0 and r.stdout == "NV Power Mode: MODE_30W\n2\n"
+    assert r.stderr.startswith("NVPM ERROR: Error opening /sys/kernel/nvpmodel_emc_cap/emc_iso_cap: 13\n")
+
+
+def test_orin_profile(host):
+    h = host("jetson-orin")
+    assert h.path("/etc/nv_tegra_release").read_text().startswith("# R36 (release), REVISION: 4.0, GCID: 37537400,")
+    assert h.path("/etc/nvidia-sim/proc/device-tree/model").read_bytes() == b"NVIDIA Jetson AGX Orin Developer Kit\0"
+    compatible = h.path("/etc/nvidia-sim/proc/device-tree/compatible").read_bytes()
+    assert compatible == b"nvidia,p3737-0000+p3701-0005\0nvidia,p3701-0005\0nvidia,tegra234\0"
+    assert "nvgpu" in h.tool("lsmod").stdout.split()
+    assert not h.path("/usr/bin/nvidia-smi").exists()
+    assert h.tool("nvpmodel", "-m", "1").returncode == 0  # 30W -> 15W: live
+    assert _with_stdin(h, ["-m", "0"], "no\n").returncode == 1  # 15W -> MAXN: needs a boot
+
+
+@pytest.mark.parametrize("profile, ram, swap", [("jetson-orin", 62801, True), ("jetson-thor", 125772, False)])
+def test_tegrastats_prints_the_boards_layout_until_stopped(host, profile, ram, swap):
+    from ansible.module_utils import jetson_platform  # noqa: PLC0415 (tests/conftest.py adds module_utils)
+
+    h = host(profile)
+    proc = subprocess.Popen(
+        [sys.executable, str(HW / "bin" / "tegrastats"), "--interval", "200"],
+        env=h.env, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        lines = [proc.stdout.readline(), proc.stdout.readline()]
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=10) == 0
+    for line in lines:
+        sample = jetson_platform.parse_tegrastats(line)
+        assert sample["ram_total_mb"] == ram and 0 < sample["ram_used_mb"] <= ram
+        assert (sample["swap_total_mb"] is not None) is swap
+        assert sample["temperatures_c"]["gpu"] > 30 and sample["input_power_mw"] > 0
+    assert host("rtx5090x2").tool("tegrastats").returncode == 1
 
 
 def test_jetson_with_l4t_nvidia_smi(host):

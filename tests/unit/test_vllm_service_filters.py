@@ -88,13 +88,15 @@ def all_configs():
     for inventory in ("sandbox", "example"):
         for host, configs in inventory_configs(inventory).items():
             found[f"{inventory}/{host}"] = configs
-    # every host of both inventories that serves something (the sandbox's Thor serves nothing)
+    # every host of both inventories that serves something (the sandbox's Jetsons too, on the CPU build)
     assert sorted(found) == [
         "example/h100-01",
         "example/rig-5090-01",
         "example/thor-01",
+        "sandbox/orin-01",
         "sandbox/rig-5090",
         "sandbox/rig-h100",
+        "sandbox/thor-01",
     ]
     return found
 

@@ -1,7 +1,7 @@
 """Stand-ins for the kernel-facing commands a container cannot run for real.
 
 Each ``*_main(argv) -> int`` is one command: lspci, modprobe, lsmod, rmmod, modinfo,
-update-initramfs, mokutil, nvpmodel, jetson_clocks, and the boot-time module loading
+update-initramfs, mokutil, nvpmodel, jetson_clocks, tegrastats, and the boot-time module loading
 of ``nvidia-sim-boot``. ``sandbox/hardware/bin/<command>`` dispatches here.
 """
 
@@ -377,7 +377,12 @@ def _jetson(prof: Profile | None) -> dict:
     return prof.jetson
 
 
-def _nvp_current(j: dict) -> int:
+def _nvp_modes(j: dict) -> dict[int, dict]:
+    return {int(m["id"]): m for m in j.get("nvpmodel", {}).get("modes", [])}
+
+
+def _nvp_status(j: dict) -> int:
+    """The mode of the status file (what the next boot applies), else the profile's default."""
     try:
         with open(paths.p(paths.NVPMODEL_STATUS), encoding="utf-8") as fh:
             m = re.search(r"pmode:(\d+)", fh.read())
@@ -388,12 +393,53 @@ def _nvp_current(j: dict) -> int:
     return int(j.get("nvpmodel", {}).get("default", 0))
 
 
+def _nvp_current(j: dict) -> int:
+    """The mode in effect: set since boot (/run), else what boot applied from the status file."""
+    try:
+        with open(paths.p(paths.NVPMODEL_ACTIVE), encoding="utf-8") as fh:
+            return int(fh.read().strip())
+    except (OSError, ValueError):
+        return _nvp_status(j)
+
+
+def _nvp_write(j: dict, mode: int, live: bool) -> None:
+    """Record ``mode`` for the next boot; ``live``: it is in effect now too (else the current one stays)."""
+    active = paths.p(paths.NVPMODEL_ACTIVE)
+    if not live and not os.path.exists(active):
+        os.makedirs(os.path.dirname(active), exist_ok=True)
+        with open(active, "w", encoding="utf-8") as fh:
+            fh.write(f"{_nvp_current(j)}\n")
+    status = paths.p(paths.NVPMODEL_STATUS)
+    os.makedirs(os.path.dirname(status), exist_ok=True)
+    fmode = "quiet"
+    try:
+        with open(status, encoding="utf-8") as fh:
+            m = re.search(r"fmode:(\S+)", fh.read())
+            fmode = m.group(1) if m else fmode
+    except OSError:
+        pass
+    with open(status, "w", encoding="utf-8") as fh:
+        fh.write(f"pmode:{mode:04d} fmode:{fmode}\n")
+    if live:
+        os.makedirs(os.path.dirname(active), exist_ok=True)
+        with open(active, "w", encoding="utf-8") as fh:
+            fh.write(f"{mode}\n")
+
+
 def nvpmodel_main(argv: list[str]) -> int:
+    """nvpmodel as L4T ships it: -q, -p, -m <id> (with its reboot prompt).
+
+    A change between modes whose GPU power-gating masks differ (profile: ``pg_mask``) only
+    takes effect at boot: nvpmodel asks ``DO YOU WANT TO REBOOT NOW? enter YES/yes to confirm:``
+    on stdin. ``YES``/``yes`` records the mode and reboots; anything else (or no input) is
+    refused with ``bad input!`` and changes nothing (real outputs: tests/fixtures/jetson/).
+    """
     try:
         j = _jetson(load_or_none())
     except SystemExit as e:
         return int(e.code or 1)
-    modes = {int(m["id"]): m["name"] for m in j.get("nvpmodel", {}).get("modes", [])}
+    modes = _nvp_modes(j)
+    names = {i: m["name"] for i, m in modes.items()}
     if "-m" in argv:
         idx = argv.index("-m")
         val = argv[idx + 1] if idx + 1 < len(argv) else ""
@@ -403,18 +449,35 @@ def nvpmodel_main(argv: list[str]) -> int:
         if not val.isdigit() or int(val) not in modes:
             _err(f"NVPM ERROR: Invalid power mode id: {val}")
             return 1
-        status = paths.p(paths.NVPMODEL_STATUS)
-        os.makedirs(os.path.dirname(status), exist_ok=True)
-        with open(status, "w", encoding="utf-8") as fh:
-            fh.write(f"pmode:{int(val):04d} fmode:quiet\n")
+        want, cur = int(val), _nvp_current(j)
+        if modes[want].get("pg_mask") != modes.get(cur, {}).get("pg_mask"):
+            _out(f"NVPM WARN: Reboot required for changing to this power mode: {want}\n")
+            _out("NVPM WARN: DO YOU WANT TO REBOOT NOW? enter YES/yes to confirm:\n")
+            sys.stdout.flush()
+            answer = sys.stdin.readline().strip() if not sys.stdin.closed else ""
+            if answer not in ("YES", "yes"):
+                _err("NVPM ERROR: bad input!")
+                _err("NVPM ERROR: optMask is 1, no request for power mode")
+                return 1
+            _nvp_write(j, want, live=False)
+            _out("NVPM WARN: rebooting\n")
+            sys.stdout.flush()
+            if paths.root() == "/" and os.path.isdir("/run/systemd/system"):
+                subprocess.run(["systemctl", "reboot"], check=False)
+            return 0
+        _nvp_write(j, want, live=True)
         return 0
     if "-p" in argv:
-        for i, name in sorted(modes.items()):
+        for i, name in sorted(names.items()):
             _out(f"NVPM VERB: POWER_MODEL: ID={i} NAME={name}\n")
         return 0
     if "-q" in argv:
         cur = _nvp_current(j)
-        _out(f"NV Power Mode: {modes.get(cur, 'UNKNOWN')}\n{cur}\n")
+        _out(f"NV Power Mode: {names.get(cur, 'UNKNOWN')}\n{cur}\n")
+        if paths.euid() != 0:
+            # as a normal user some sysfs files cannot be read (jetbot issue 49): the mode, then errors
+            _err("NVPM ERROR: Error opening /sys/kernel/nvpmodel_emc_cap/emc_iso_cap: 13")
+            _err("NVPM ERROR: failed to read PARAM EMC: ARG MAX_FREQ: PATH /sys/kernel/nvpmodel_emc_cap/emc_iso_cap")
         return 0
     _err("Usage: nvpmodel [-m <mode id>] [-q] [-p --verbose]")
     return 1
@@ -493,6 +556,102 @@ def jetson_clocks_main(argv: list[str]) -> int:
     return 0
 
 
+def _meminfo_used_mb() -> tuple[int | None, int | None, int | None]:
+    """Used RAM, swap total and swap used (MiB) of the machine this runs on (/proc is real)."""
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as fh:
+            info = {ln.split(":")[0]: int(ln.split()[1]) for ln in fh if ln.split()[1:2] and ln.split()[1].isdigit()}
+    except OSError:
+        return None, None, None
+    used = (info.get("MemTotal", 0) - info.get("MemAvailable", 0)) // 1024
+    swap_total = info.get("SwapTotal", 0) // 1024
+    return used, swap_total, swap_total - info.get("SwapFree", 0) // 1024
+
+
+def tegrastats_line(j: dict, when: float | None = None) -> str:
+    """One line in the board's format (profile ``jetson.tegrastats.style``: orin or thor).
+
+    The layout follows real lines (tests/fixtures/jetson/tegrastats/): AGX Orin prints SWAP
+    (JetPack's zram), EMC and GR3D with the load, sensors that are off as -256C and rails in
+    mW; Thor (JetPack 7.0) prints no SWAP, GR3D_FREQ as clocks only, lowercase sensors and the
+    VDD_GPU/VIN rails. RAM used is this machine's (so a loading model shows), capped at the
+    board's RAM; temperatures and power are the profile's idle figures.
+    """
+    ts = j.get("tegrastats") or {}
+    total = int(ts.get("ram_total_mb", 62801))
+    used, swap_total, swap_used = _meminfo_used_mb()
+    used = min(total, used if used is not None else int(ts.get("ram_idle_mb", 4321)))
+    clocks = j.get("clocks", {})
+    cpus = int(clocks.get("cpus", 12))
+    locked = False
+    try:
+        with open(paths.p(paths.JETSON_CLOCKS), encoding="utf-8") as fh:
+            locked = bool(json.load(fh).get("locked"))
+    except (OSError, ValueError):
+        pass
+    freq = int(clocks.get("cpu_max_khz" if locked else "cpu_min_khz", 729600)) // 1000
+    stamp = time.strftime("%m-%d-%Y %H:%M:%S", time.localtime(when))
+    cores = ",".join(f"0%@{freq}" for _ in range(cpus))
+    gpu_c = float(ts.get("gpu_temp_c", 41.5))
+    if ts.get("style") == "thor":
+        return (
+            f"{stamp} RAM {used}/{total}MB (lfb 5x4MB) CPU [{cores}] GR3D_FREQ @[314,314,314] "
+            f"cpu@{gpu_c + 2:.3f}C tj@{gpu_c + 4:.3f}C gpu@{gpu_c:.2f}C "
+            f"VDD_GPU {int(ts.get('gpu_mw', 2376))}mW/{int(ts.get('gpu_mw', 2376))}mW "
+            f"VDD_CPU_SOC_MSS 3924mW/3835mW VIN_SYS_5V0 5064mW/5055mW "
+            f"VIN {int(ts.get('input_mw', 15004))}mW/{int(ts.get('input_mw', 15004))}mW"
+        )
+    swap = f"SWAP {swap_used or 0}/{swap_total or int(total // 2)}MB (cached 0MB) "
+    return (
+        f"{stamp} RAM {used}/{total}MB (lfb 1759x4MB) {swap}CPU [{cores}] EMC_FREQ 0%@2133 "
+        f"GR3D_FREQ 0%@[0,0] VIC_FREQ 729 APE 174 CV0@-256C CPU@44.562C Tboard@32C SOC2@40.093C "
+        f"Tdiode@33C SOC0@41.093C CV1@-256C GPU@{gpu_c:.3f}C tj@44.343C SOC1@41.25C CV2@-256C "
+        f"VDD_GPU_SOC {int(ts.get('gpu_mw', 2340))}mW/{int(ts.get('gpu_mw', 2340))}mW VDD_CPU_CV 390mW/390mW "
+        f"VIN_SYS_5V0 {int(ts.get('input_mw', 4025))}mW/{int(ts.get('input_mw', 4025))}mW NC 0mW/0mW "
+        "VDDQ_VDD2_1V8AO 301mW/301mW NC 0mW/0mW"
+    )
+
+
+def tegrastats_main(argv: list[str]) -> int:
+    """tegrastats: one line every --interval milliseconds (default 1000) until stopped (SIGTERM,
+    SIGINT), to stdout or --logfile; --start/--stop (the background logger) are not modelled."""
+    try:
+        j = _jetson(load_or_none())
+    except SystemExit as e:
+        return int(e.code or 1)
+    interval, logfile = 1000, None
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--interval" and i + 1 < len(argv) and argv[i + 1].isdigit():
+            interval = int(argv[i + 1])
+            i += 1
+        elif a == "--logfile" and i + 1 < len(argv):
+            logfile = argv[i + 1]
+            i += 1
+        elif a in ("--start", "--stop"):
+            _err(f"tegrastats (rigops sandbox stand-in): {a} is not modelled; run it in front and stop it")
+            return 1
+        elif a not in ("--verbose", "--readall"):
+            _err(f"Usage: tegrastats [-option]\nInvalid option: {a}")
+            return 1
+        i += 1
+    import signal  # noqa: PLC0415 (only this command needs it)
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    out = open(logfile, "a", encoding="utf-8") if logfile else sys.stdout  # noqa: SIM115
+    try:
+        while True:
+            out.write(tegrastats_line(j) + "\n")
+            out.flush()
+            time.sleep(interval / 1000.0)
+    except (KeyboardInterrupt, BrokenPipeError):
+        return 0
+    finally:
+        if logfile:
+            out.close()
+
+
 # ---------------------------------------------------------------- boot
 def _boot_log(msg: str) -> None:
     path = paths.p(paths.BOOT_LOG)
@@ -550,6 +709,13 @@ def boot(start_services: bool = True) -> int:
             _try_load("nvidia", prof, root_cfg, "udev")
     for name in (prof.jetson or {}).get("boot_modules", []):
         _try_load(name, prof, root_cfg, "l4t")
+    if prof.jetson:
+        # nvpmodel.service: the mode recorded in /var/lib/nvpmodel/status takes effect at boot
+        active = paths.p(paths.NVPMODEL_ACTIVE)
+        os.makedirs(os.path.dirname(active), exist_ok=True)
+        with open(active, "w", encoding="utf-8") as fh:
+            fh.write(f"{_nvp_status(prof.jetson)}\n")
+        _boot_log(f"nvpmodel: power mode {_nvp_status(prof.jetson)}")
     # 3. systemd-modules-load.service: explicit loads, blacklist does not apply
     for name in modules_load_entries():
         _try_load(name, prof, root_cfg, "modules-load.d")
@@ -589,6 +755,7 @@ COMMANDS = {
     "mokutil": mokutil_main,
     "nvpmodel": nvpmodel_main,
     "jetson_clocks": jetson_clocks_main,
+    "tegrastats": tegrastats_main,
     "nvidia-sim-boot": boot_main,
 }
 

@@ -36,7 +36,11 @@ TOOLS = {
     "mokutil": "/usr/bin/mokutil",
     "nvidia-sim-boot": "/usr/sbin/nvidia-sim-boot",
 }
-JETSON_TOOLS = {"nvpmodel": "/usr/sbin/nvpmodel", "jetson_clocks": "/usr/bin/jetson_clocks"}
+JETSON_TOOLS = {
+    "nvpmodel": "/usr/sbin/nvpmodel",
+    "jetson_clocks": "/usr/bin/jetson_clocks",
+    "tegrastats": "/usr/bin/tegrastats",
+}
 UNIT = "nvidia-sim-boot.service"
 
 SMI_WRAPPER = """#!/usr/bin/python3
@@ -152,8 +156,10 @@ def procfs_manifest(prof) -> dict[str, tuple[str, str | bytes]]:
     }
     if prof.jetson:
         m["device-tree/model"] = ("file", prof.jetson["model"].encode() + b"\0")
-        compat = prof.jetson.get("compatible", "nvidia,p3971-0000+p3834-0008nvidia,tegra264")
-        m["device-tree/compatible"] = ("file", compat.encode() + b"\0")
+        # NUL-separated strings, most specific first, each NUL-terminated (like the real file)
+        compat = prof.jetson.get("compatible", ["nvidia,p3971-0000+p3834-0008", "nvidia,tegra264"])
+        compat = compat if isinstance(compat, list) else [compat]
+        m["device-tree/compatible"] = ("file", b"".join(c.encode() + b"\0" for c in compat))
     return m
 
 
@@ -213,6 +219,13 @@ def _modules(prof, hw_dir: str, ch: Changes) -> None:
     if not before or before.get("version") != ver:
         kmod.install_driver_modules(ver, flavour="l4t", signer="NVIDIA L4T")
         ch.add("L4T kernel modules")
+    # modules of the board's own driver stack (Orin's nvgpu) beside the OpenRM set
+    for name in j.get("boot_modules") or []:
+        if kmod.module_info(name) is None:
+            kmod.write_module_file(
+                "updates/opensrc-disp", name, version=ver, flavour="l4t", license="GPL", signer="NVIDIA L4T"
+            )
+            ch.add(f"L4T kernel module {name}")
     if j.get("nvidia_smi"):
         package = {
             "driver_version": ver,

@@ -24,6 +24,8 @@ LEGACY_PM = "/run/nvidia-sim/persistence-legacy.json"  # `nvidia-smi -pm 1` with
 DAEMON_STATE = "/run/nvidia-sim/persistenced.json"  # what the running daemon holds
 USAGE = "/run/nvidia-sim/usage.yaml"  # optional per-GPU memory.used / utilization.gpu
 JETSON_CLOCKS = "/run/nvidia-sim/jetson_clocks.json"
+# nvpmodel: the mode set since boot (a reboot clears it and the status file applies again)
+NVPMODEL_ACTIVE = "/run/nvidia-sim/nvpmodel-active"
 BOOT_LOG = "/run/nvidia-sim/boot.log"
 # The real daemon's PID file and directory.
 PERSISTENCED_DIR = "/run/nvidia-persistenced"
