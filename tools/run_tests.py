@@ -47,7 +47,7 @@ STAGES = ["lint", "unit", "image", "molecule", "integration"]
 # through the roles (a scenario that starts from a stage snapshot finds it cached, or
 # sandbox/fleet.py builds it). Scenarios not listed run at the end of the shorter lane.
 LANES = [
-    ["sandbox", "driver_topology", "vllm_runtime", "integration"],
+    ["sandbox", "driver_topology", "vllm_runtime", "jetson", "integration"],
     ["model_weights", "vllm_service", "site"],
 ]
 # Budget of the whole run on 2 cores (issue: the suite budget).
