@@ -86,9 +86,19 @@ def _status(stages: list, views: dict, results: dict, reached: bool, current_sta
 
 
 def rig_report(
-    host, results, records, summaries, stages, reached=True, current_stage=None, stopped_by=None, job="gpu_rigs"
+    host,
+    results,
+    records,
+    summaries,
+    stages,
+    reached=True,
+    current_stage=None,
+    stopped_by=None,
+    job="gpu_rigs",
+    removed=None,
 ):
-    """The report entry of one host (a dict, the JSON report's element)."""
+    """The report entry of one host (a dict, the JSON report's element). `removed`: the instances
+    this run stopped and moved aside because they left the inventory (vllm_service_removed)."""
     results = dict(results or {})
     records = dict(records or {})
     summaries = dict(summaries or {})
@@ -129,6 +139,7 @@ def rig_report(
             "clients": gateway.get("clients") or {},
             "not_gated": sorted(gateway.get("not_gated") or {}),
         }
+    entry["removed"] = sorted(r.get("name") if isinstance(r, dict) else str(r) for r in removed or [])
     entry["stages"] = {
         stage: {k: v for k, v in view.items() if k != "summary" and v not in (None, "")}
         for stage, view in views.items()
@@ -166,6 +177,8 @@ def report_line(entry) -> str:
             f"{entry['host']}: {entry['status']}; driver={show(entry.get('driver'))} gpus={show(entry.get('gpus'))} "
             f"topology={topology} runtime={show(entry.get('runtime_release'))} instances={instances or '-'}"
         )
+    if entry.get("removed"):
+        line += f" removed={','.join(entry['removed'])}"
     gateway = entry.get("gateway")
     if gateway:
         clients = "; ".join(f"{name} -> {', '.join(names)}" for name, names in sorted(gateway["clients"].items()))

@@ -93,3 +93,11 @@ def test_check_mode_results_say_so():
     entry = rigops_report.rig_report("rig", {"driver": dict(passed(), check_mode=True)}, {}, {}, STAGES)
     assert entry["stages"]["driver"]["source"] == "this run (check mode)"
     assert entry["status"].startswith("incomplete: topology never run")
+
+
+def test_instances_removed_in_this_run_are_listed():
+    entry = rigops_report.rig_report(
+        "rig", {s: passed() for s in STAGES}, {}, SUMMARIES, STAGES, removed=[{"name": "old", "moved_to": "/x"}]
+    )
+    assert entry["removed"] == ["old"]
+    assert " removed=old" in rigops_report.report_line(entry)
