@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -92,3 +93,14 @@ def ansible_playbook(playbook, *args: str) -> tuple[int, str]:
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     return proc.returncode, proc.stdout + proc.stderr
+
+
+def ansible_playbooks(runs: dict, workers: int = 4) -> dict:
+    """Run several playbooks at once (runs: {key: (playbook, *args)}); {key: (rc, output)}.
+
+    For refusals: each run stops in a preflight and changes nothing, so they need not wait
+    for each other (most of a refused run is Ansible starting up and reading the inventory).
+    """
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        futures = {key: pool.submit(ansible_playbook, *run) for key, run in runs.items()}
+        return {key: future.result() for key, future in futures.items()}

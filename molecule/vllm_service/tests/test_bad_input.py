@@ -11,12 +11,11 @@ import copy
 import json
 import os
 import re
-import tempfile
 from pathlib import Path
 
 import pytest
 import yaml
-from rigops_testinfra import ansible_playbook
+from rigops_testinfra import ansible_playbooks
 
 pytestmark = pytest.mark.changes_state
 
@@ -88,31 +87,37 @@ def state(host):
     return files, pids
 
 
-def run_site(instances, *args):
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
-        json.dump({"vllm_instances": instances}, fh)
-    try:
-        return ansible_playbook(ROOT / "site.yml", "-l", "vs-rig", "-e", f"@{fh.name}", *args)
-    finally:
-        os.unlink(fh.name)
-
-
 def flat(output):
     """The output without colour and with the callback's line wrapping undone."""
     return " ".join(re.sub(r"\x1b\[[0-9;]*m", "", output).split())
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_bad_input_is_refused_by_name_and_changes_nothing(host, case):
-    instances, field, words = CASES[case]
+@pytest.fixture(scope="module")
+def refused(host, tmp_path_factory):
+    """site.yml with every case's instances, run at once (each stops in the preflight), and the rig's
+    state before and after them all."""
+    folder = tmp_path_factory.mktemp("bad-input")
+    runs = {}
+    for n, (case, (instances, _, _)) in enumerate(sorted(CASES.items())):
+        extra = folder / f"case{n}.json"
+        extra.write_text(json.dumps({"vllm_instances": instances, "rigops_report_dir": str(folder / f"r{n}")}))
+        runs[case] = (ROOT / "site.yml", "-l", "vs-rig", "-e", f"@{extra}")
     before = state(host)
-    rc, out = run_site(instances)
+    results = ansible_playbooks(runs)
+    return results, before, state(host)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_input_is_refused_by_name_and_changes_nothing(host, refused, case):
+    results, before, after = refused
+    _, field, words = CASES[case]
+    rc, out = results[case]
     text = flat(out)
     assert rc != 0, out[-3000:]
     assert field in text and words in text, out[-4000:]
     assert "Traceback" not in out
     assert KEY not in out and KEY[:20] not in out
     assert "failed in preflight" in text  # the report ran and names the stage
-    assert state(host) == before
+    assert after == before
     code = "curl -s -o /dev/null -w '%{http_code}' -H \"Authorization: Bearer $(cat /etc/vllm/alpha/api_key)\" "
     assert host.check_output(code + "http://127.0.0.1:8001/v1/models") == "200"

@@ -6,13 +6,12 @@ import copy
 import json
 import os
 import re
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 import yaml
-from rigops_testinfra import ansible_playbook
+from rigops_testinfra import ansible_playbook, ansible_playbooks
 
 pytestmark = pytest.mark.changes_state
 
@@ -37,15 +36,6 @@ def state(host):
         )
         for n in ("alpha", "beta")
     }
-
-
-def converge_with(instances):
-    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
-        json.dump({"vllm_instances": instances}, fh)
-    try:
-        return ansible_playbook(SCENARIO / "converge.yml", "-e", f"@{fh.name}")
-    finally:
-        os.unlink(fh.name)
 
 
 def changed(**edits):
@@ -84,15 +74,28 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
-def test_bad_config_is_refused_before_any_restart(host, case):
-    instances, message = CASES[case]
+@pytest.fixture(scope="module")
+def refusals(host, tmp_path_factory):
+    """Every case's converge, run at once (each stops in the preflight), and the state around them."""
+    folder = tmp_path_factory.mktemp("refusals")
+    runs = {}
+    for n, (case, (instances, _)) in enumerate(sorted(CASES.items())):
+        extra = folder / f"case{n}.json"
+        extra.write_text(json.dumps({"vllm_instances": instances}))
+        runs[case] = (SCENARIO / "converge.yml", "-e", f"@{extra}")
     before = state(host)
-    rc, out = converge_with(instances)
+    results = ansible_playbooks(runs)
+    return results, before, state(host)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_bad_config_is_refused_before_any_restart(refusals, case):
+    results, before, after = refusals
+    rc, out = results[case]
     assert rc != 0
-    assert has(out, message), out[-3000:]
+    assert has(out, CASES[case][1]), out[-3000:]
     assert has(out, "vllm_service preflight refused")
-    assert state(host) == before
+    assert after == before
 
 
 def test_launcher_check_refuses_a_bad_file_on_the_host(host):
