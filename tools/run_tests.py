@@ -7,16 +7,16 @@
     ./rigops test --lanes 1            the sandbox stages one after the other
     ./rigops test --keep-going         run the next steps after a failure
 
-Stages: lint (yamllint, ansible-lint profile production, ruff), unit (pytest), image
-(sandbox host image, cached by recipe), then the sandbox stages: Molecule scenarios (each
-phase of Molecule's test sequence as read from .config/molecule/config.yml or the
-scenario's own molecule.yml is a step) and integration (pytest tests/integration).
+Stages: lint (yamllint, ansible-lint profile production, ruff) and image (sandbox host
+image, cached by recipe), then in lanes unit (pytest tests/unit) and the sandbox stages:
+Molecule scenarios (each phase of Molecule's test sequence as read from
+.config/molecule/config.yml or the scenario's own molecule.yml is a step) and
+integration (pytest tests/integration).
 
-The sandbox stages run in two lanes at once (LANES): most of their time is spent waiting
-on hosts (package installs, reboots, vLLM loading a model), so two lanes share the two
-cores better than one. Each step's output is printed whole when the step ends. Lanes
-hold scenarios that do not share hosts; the ones that count the hub stand-in's requests
-(model_weights) share a lane with the others that download from it.
+The sandbox stages and the unit tests run in two lanes at once (LANES): most of the
+sandbox's time is spent waiting on hosts (package installs, reboots, vLLM loading a
+model), so two lanes share the two cores better than one. Each step's output is printed
+whole when the step ends. Lanes hold scenarios that do not share hosts.
 
 The end of the output: why a step failed (if one did), the time of every step, scenario
 and lane, the total against the suite's budget (35 minutes with warm caches, 50 on a
@@ -43,12 +43,14 @@ import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 STAGES = ["lint", "unit", "image", "molecule", "integration"]
-# The sandbox stages, two lanes run side by side; each lane in the order a rig goes
+# Two lanes run side by side: the sandbox stages, each lane in the order a rig goes
 # through the roles (a scenario that starts from a stage snapshot finds it cached, or
-# sandbox/fleet.py builds it). Scenarios not listed run at the end of the shorter lane.
+# sandbox/fleet.py builds it), and the unit tests, which need no host. model_weights
+# counts the hub stand-in's requests: it runs first in its lane, while the other lane's
+# first scenarios download no model. Scenarios not listed run at the end of the shorter lane.
 LANES = [
-    ["sandbox", "driver_topology", "vllm_runtime", "jetson", "integration"],
-    ["model_weights", "vllm_service", "site"],
+    ["sandbox", "driver_topology", "vllm_runtime", "jetson", "site", "integration"],
+    ["model_weights", "unit", "vllm_service"],
 ]
 # Budget of the whole run on 2 cores (issue: the suite budget).
 BUDGET_WARM_S = 35 * 60
@@ -64,7 +66,7 @@ class Step:
     stage: str
     name: str
     cmd: list[str]
-    lane: int = 0
+    lane: int | None = None  # None: run before the lanes
     seconds: float = 0.0
     ok: bool | None = None  # None: not run
     why: list[str] = field(default_factory=list)
@@ -84,7 +86,7 @@ def run_step(step: Step, env: dict[str, str]) -> None:
         why = [ln[:400] for ln in lines if WHY.search(ln) and "glob failed" not in ln][-40:]
         step.why = [*why, "  ...", *lines[-15:]]
     with PRINT:
-        lane = f" (lane {step.lane + 1})" if step.stage in ("molecule", "integration") else ""
+        lane = f" (lane {step.lane + 1})" if step.lane is not None else ""
         print(f"\n===== [{step.stage}] {step.name}{lane}: {' '.join(step.cmd)}", flush=True)
         print(proc.stdout, end="" if proc.stdout.endswith("\n") else "\n")
         print(f"===== [{step.stage}] {step.name}: {'ok' if step.ok else 'FAILED'} in {step.seconds:.1f}s", flush=True)
@@ -133,8 +135,6 @@ def serial_steps(only: list[str]) -> list[Step]:
             Step("lint", "ruff check", ["ruff", "check", "."]),
             Step("lint", "ruff format", ["ruff", "format", "--check", "."]),
         ]
-    if "unit" in only:
-        plan.append(Step("unit", "pytest tests/unit", [py, "-m", "pytest", "-q", "tests/unit"]))
     if "image" in only:
         plan.append(Step("image", "sandbox image", [py, "sandbox/fleet.py", "image"]))
     return plan
@@ -144,9 +144,9 @@ def lane_steps(only: list[str], chosen: list[str], lanes: int) -> list[list[Step
     """The sandbox stages' steps, per lane."""
     py = sys.executable
     if chosen:
-        layout = [list(chosen)]
+        layout = [["unit", *chosen]]
     else:
-        known = set(scenarios()) | {"integration"}
+        known = set(scenarios()) | {"integration", "unit"}
         layout = [[item for item in lane if item in known] for lane in LANES]
         extra = [s for s in scenarios() if not any(s in lane for lane in LANES)]
         min(layout, key=len).extend(extra)
@@ -156,7 +156,10 @@ def lane_steps(only: list[str], chosen: list[str], lanes: int) -> list[list[Step
     for number, items in enumerate(layout):
         steps = []
         for item in items:
-            if item == "integration":
+            if item == "unit":
+                if "unit" in only:
+                    steps.append(Step("unit", "pytest tests/unit", [py, "-m", "pytest", "-q", "tests/unit"]))
+            elif item == "integration":
                 if "integration" in only and (ROOT / "tests" / "integration").is_dir():
                     steps.append(
                         Step("integration", "pytest tests/integration", [py, "-m", "pytest", "-q", "tests/integration"])
@@ -213,7 +216,7 @@ def write_timings(steps, lanes, total: float, budget: float, warm: bool, only: l
             {
                 "stage": s.stage,
                 "name": s.name,
-                "lane": s.lane + 1 if s.stage in ("molecule", "integration") else None,
+                "lane": s.lane + 1 if s.lane is not None else None,
                 "seconds": round(s.seconds, 1),
                 "status": "skipped" if s.ok is None else ("ok" if s.ok else "failed"),
             }
@@ -270,7 +273,7 @@ def main() -> int:
     print("\n===== timings")
     for step in steps:
         status = "skipped" if step.ok is None else ("ok" if step.ok else "FAILED")
-        lane = f"lane {step.lane + 1}" if step.stage in ("molecule", "integration") else ""
+        lane = f"lane {step.lane + 1}" if step.lane is not None else ""
         print(f"  {step.stage:<12} {step.name:<32} {step.seconds:7.1f}s  {status:<8} {lane}")
     for name, secs in scenario_seconds(steps).items():
         print(f"  {'scenario':<12} {name:<32} {secs:7.1f}s")

@@ -264,7 +264,10 @@ def test_the_role_writes_the_files_private_idempotent_and_switchable(tmp_path):
         assert (out_dir / name).stat().st_mode & 0o777 == 0o600, name
     assert (out_dir / "key").read_text().strip() == KEY
     assert (out_dir / "gateway-ca.pem").read_text() == cert
-    assert (out_dir / "ca-bundle.pem").read_text().endswith(cert)
+    # the system's CAs, then the certificate on a line of its own (OpenSSL skips a block it cannot read)
+    system = Path("/etc/ssl/certs/ca-certificates.crt")
+    expected = (system.read_text().strip() + "\n" if system.exists() else "") + cert
+    assert (out_dir / "ca-bundle.pem").read_text() == expected
     for path in out_dir.rglob("*"):
         if path.is_file() and path.name != "key":
             assert KEY not in path.read_text(), path

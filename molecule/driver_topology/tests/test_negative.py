@@ -5,11 +5,10 @@ with the variables of each case.
 """
 
 import os
-import re
 from pathlib import Path
 
 import pytest
-from rigops_testinfra import ansible_playbook
+from rigops_testinfra import ansible_playbook, recap
 
 SCENARIO = Path(os.environ.get("MOLECULE_SCENARIO_DIRECTORY", Path(__file__).resolve().parent.parent))
 testinfra_hosts = ["drv-nogpu", "drv-fresh", "drv-archive"]
@@ -17,12 +16,6 @@ testinfra_hosts = ["drv-nogpu", "drv-fresh", "drv-archive"]
 
 def play(limit, *extra):
     return ansible_playbook(SCENARIO / "negative.yml", "-l", limit, *extra)
-
-
-def recap(output, hostname):
-    m = re.search(rf"^{re.escape(hostname)}\s*:\s*ok=(\d+)\s+changed=(\d+)", output, re.M)
-    assert m, output[-2000:]
-    return int(m.group(2))
 
 
 def nvidia_packages(host):
@@ -45,7 +38,7 @@ def test_check_mode_on_a_fresh_rig_changes_nothing(host, hostname):
         pytest.skip("case for drv-fresh")
     rc, out = play(hostname, "--check")
     assert rc == 0, out[-3000:]
-    assert recap(out, hostname) > 0  # it reports what it would do
+    assert recap(out, hostname)["changed"] > 0  # it reports what it would do
     assert nvidia_packages(host) == []
     for path in (
         "/etc/modprobe.d/blacklist-nouveau.conf",

@@ -14,6 +14,7 @@ the scenario, in the order they are collected.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -91,8 +92,19 @@ def ansible_playbook(playbook, *args: str) -> tuple[int, str]:
         str(playbook),
         *args,
     ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    # Molecule forces colour for its own runs; the recap lines are parsed, so none here
+    env = dict(os.environ, ANSIBLE_FORCE_COLOR="false", ANSIBLE_NOCOLOR="true")
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     return proc.returncode, proc.stdout + proc.stderr
+
+
+def recap(output: str, hostname: str) -> dict[str, int]:
+    """One host's PLAY RECAP counters ({"ok": .., "changed": .., "unreachable": .., "failed": ..})."""
+    m = re.search(
+        rf"^{re.escape(hostname)}\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", output, re.M
+    )
+    assert m, output[-3000:]
+    return dict(zip(("ok", "changed", "unreachable", "failed"), map(int, m.groups()), strict=True))
 
 
 def ansible_playbooks(runs: dict, workers: int = 4) -> dict:

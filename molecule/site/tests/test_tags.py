@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from rigops_testinfra import ansible_playbook
+from rigops_testinfra import ansible_playbook, recap
 
 pytestmark = pytest.mark.changes_state
 
@@ -32,12 +32,6 @@ def part_tags(role):
 def play(*args):
     rc, out = ansible_playbook(SCENARIO / "converge.yml", *args)
     return rc, re.sub(r"\x1b\[[0-9;]*m", "", out)
-
-
-def recap(out, hostname):
-    m = re.search(rf"^{re.escape(hostname)}\s*:\s*ok=\d+\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", out, re.M)
-    assert m, out[-3000:]
-    return tuple(int(g) for g in m.groups())
 
 
 def report_of(hostname):
@@ -64,7 +58,8 @@ def test_a_part_of_each_role_runs_alone_with_its_preflight(hostname, selection):
     assert selection
     rc, out = play("--tags", ",".join(selection))
     assert rc == 0, out[-4000:]
-    assert recap(out, hostname) == (0, 0, 0), out[-3000:]
+    counts = recap(out, hostname)
+    assert (counts["changed"], counts["unreachable"], counts["failed"]) == (0, 0, 0), out[-3000:]
     for tag in selection:
         role = next(r for r in ROLES if tag.startswith(r + "_"))
         assert f"[{role} : Preflight |" in out, f"--tags {tag} ran no preflight task of {role}"

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from rigops_testinfra import ansible_playbook
+from rigops_testinfra import ansible_playbook, recap
 
 pytestmark = pytest.mark.changes_state
 
@@ -41,14 +41,6 @@ def state(host):
     return host.file(f"{BASE}/current").linked_to, sorted(host.check_output(f"ls {BASE}/releases").split())
 
 
-def recap(output, hostname):
-    m = re.search(
-        rf"^{re.escape(hostname)}\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=\d+\s+failed=(\d+)", output, re.M
-    )
-    assert m, output[-2000:]
-    return int(m.group(2)), int(m.group(3))
-
-
 def test_cuda_flavour_is_refused_with_a_table_before_any_change(host):
     before = state(host)
     rc, out = play("-e", "vllm_runtime_flavour=cuda")
@@ -64,7 +56,8 @@ def test_check_mode_with_a_new_pin_reports_and_changes_nothing(host, hostname):
     extra = json.dumps({"vllm_runtime_extra_requirements": [MISSING]})
     rc, out = play("--check", "-e", extra)
     assert rc == 0, out[-3000:]
-    changed, failed = recap(out, hostname)
+    r = recap(out, hostname)
+    changed, failed = r["changed"], r["failed"]
     assert changed > 0 and failed == 0
     assert state(host) == before
 
@@ -101,7 +94,7 @@ def test_a_rerun_after_the_failure_changes_nothing(host, hostname):
     before = state(host)
     rc, out = play()
     assert rc == 0, out[-3000:]
-    assert recap(out, hostname) == (0, 0)
+    assert (recap(out, hostname)["changed"], recap(out, hostname)["failed"]) == (0, 0)
     assert state(host) == before
 
 
@@ -124,5 +117,6 @@ def test_a_second_release_switches_current_and_keeps_the_first(host, hostname):
     rc, out = play()
     assert rc == 0, out[-3000:]
     assert state(host) == (first, releases)
-    changed, failed = recap(out, hostname)
+    r = recap(out, hostname)
+    changed, failed = r["changed"], r["failed"]
     assert (changed, failed) == (1, 0)

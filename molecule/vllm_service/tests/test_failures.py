@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from rigops_testinfra import ansible_playbook, ansible_playbooks
+from rigops_testinfra import ansible_playbook, ansible_playbooks, recap
 
 pytestmark = pytest.mark.changes_state
 
@@ -108,17 +108,11 @@ def test_launcher_check_refuses_a_bad_file_on_the_host(host):
     assert host.run(f"{LAUNCHER} --check /etc/vllm/alpha/config.toml").rc == 0
 
 
-def recap(output):
-    m = re.search(r"^vs-rig\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=\d+\s+failed=(\d+)", output, re.M)
-    assert m, output[-2000:]
-    return int(m.group(2)), int(m.group(3))
-
-
 def test_check_mode_changes_nothing_and_still_gates(host):
     before = state(host)
     rc, out = ansible_playbook(SCENARIO / "converge.yml", "--check")
     assert rc == 0, out[-3000:]
-    assert recap(out) == (0, 0)
+    assert {k: recap(out, "vs-rig")[k] for k in ("changed", "failed")} == {"changed": 0, "failed": 0}
     assert has(out, "Gate | vllm_endpoint on alpha")
     assert state(host) == before
 
