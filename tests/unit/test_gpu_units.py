@@ -102,6 +102,9 @@ def rendered(tmp_path_factory):
             "vllm_instances": [instance],
         }
     hosts["cuda-rig"]["rigops_render_smi_xml"] = str(tmp / "smi.xml")
+    # a file the board has and one it has not: only the first is bound over
+    (tmp / "nv_tegra_release").write_text("# R38 (release)\n")
+    hosts["jetson-board"]["vllm_service_masked_files"] = [str(tmp / "nv_tegra_release"), str(tmp / "absent")]
     inventory = {
         "all": {
             "hosts": hosts,
@@ -185,6 +188,14 @@ def test_the_jetson_instance_gets_the_boards_nodes(rendered):
     assert {"/dev/nvmap rw", "/dev/nvgpu/igpu0/ctrl rw", "/dev/char/195:0 rw", "char-nvidia-uvm rwm"} <= set(
         section_lines(text, "DeviceAllow")
     )
+
+
+def test_masked_files_are_bound_over_with_dev_null_only_where_present(rendered):
+    unit = (unit_dir(rendered["jetson"]) / "vllm@.service").read_text()
+    release = rendered["jetson"].parent / "nv_tegra_release"
+    assert section_lines(unit, "BindReadOnlyPaths") == [f"/dev/null:{release}"]
+    assert not (rendered["jetson"].parent / "absent").exists()
+    assert section_lines((unit_dir(rendered["cpu"]) / "vllm@.service").read_text(), "BindReadOnlyPaths") == []
 
 
 # ---------------------------------------------------------------- systemd's view

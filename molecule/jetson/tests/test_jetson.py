@@ -65,7 +65,12 @@ def test_the_swap_file_is_made_and_the_kernels_refusal_reported(host, report, ho
 def test_no_desktop_driver_and_the_board_as_l4t_left_it(host):
     out = host.check_output("dpkg-query -W -f '${Package}\\n' 'nvidia-driver-*' 'nvidia-open' 2>/dev/null || true")
     assert out.strip() == ""
-    assert host.file("/etc/nv_tegra_release").exists
+    assert host.file("/etc/nv_tegra_release").is_file
+    # the CPU-build instance sees it as /dev/null (vllm_service_masked_files; else vLLM's Jetson check
+    # turns on its CUDA platform and the instance does not start), the host keeps it
+    unit = host.check_output("systemctl show -p BindReadOnlyPaths --value vllm@chat")
+    assert unit.startswith("/dev/null:/etc/nv_tegra_release")
+    assert host.check_output("stat -c %F /etc/nv_tegra_release") == "regular file"
 
 
 def test_each_board_serves_a_real_completion(host):
