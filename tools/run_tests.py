@@ -49,8 +49,8 @@ STAGES = ["lint", "unit", "image", "molecule", "integration"]
 # counts the hub stand-in's requests: it runs first in its lane, while the other lane's
 # first scenarios download no model. Scenarios not listed run at the end of the shorter lane.
 LANES = [
-    ["sandbox", "driver_topology", "vllm_runtime", "jetson", "site", "integration"],
-    ["model_weights", "unit", "vllm_service"],
+    ["sandbox", "driver_topology", "vllm_runtime", "jetson", "unit", "integration"],
+    ["model_weights", "vllm_service", "site"],
 ]
 # Budget of the whole run on 2 cores (issue: the suite budget).
 BUDGET_WARM_S = 35 * 60
