@@ -56,9 +56,8 @@ def test_check_mode_with_a_new_pin_reports_and_changes_nothing(host, hostname):
     extra = json.dumps({"vllm_runtime_extra_requirements": [MISSING]})
     rc, out = play("--check", "-e", extra)
     assert rc == 0, out[-3000:]
-    r = recap(out, hostname)
-    changed, failed = r["changed"], r["failed"]
-    assert changed > 0 and failed == 0
+    counts = recap(out, hostname)
+    assert counts["changed"] > 0 and counts["failed"] == 0
     assert state(host) == before
 
 
@@ -94,7 +93,8 @@ def test_a_rerun_after_the_failure_changes_nothing(host, hostname):
     before = state(host)
     rc, out = play()
     assert rc == 0, out[-3000:]
-    assert (recap(out, hostname)["changed"], recap(out, hostname)["failed"]) == (0, 0)
+    counts = recap(out, hostname)
+    assert (counts["changed"], counts["failed"]) == (0, 0)
     assert state(host) == before
 
 
@@ -117,6 +117,5 @@ def test_a_second_release_switches_current_and_keeps_the_first(host, hostname):
     rc, out = play()
     assert rc == 0, out[-3000:]
     assert state(host) == (first, releases)
-    r = recap(out, hostname)
-    changed, failed = r["changed"], r["failed"]
-    assert (changed, failed) == (1, 0)
+    counts = recap(out, hostname)
+    assert (counts["changed"], counts["failed"]) == (1, 0)
