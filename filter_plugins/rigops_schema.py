@@ -14,6 +14,8 @@
   trust_remote_code}}]``: what model_weights plans with (never ``security``).
 - ``vllm_instances | rigops_model_sources``: the sorted model sources (what vllm_runtime needs to
   know, e.g. ``[modelscope]``).
+- ``[vllm_instances, ...] | rigops_fleet_cache_models(extra)``: the ``{hub, id, revision}`` a fleet
+  cache holds for its clients' ``fleet_cache`` models and the extra ones, each once.
 - ``vllm_instances | rigops_given_keys(instance_defaults)``: ``{name: key}`` of the keys given in
   the inventory, only for the task that writes the key files (``no_log: true``).
 
@@ -80,6 +82,13 @@ def rigops_model_sources(instances):
     return schema.model_sources(_plain(instances))
 
 
+def rigops_fleet_cache_models(host_lists, extra=None):
+    try:
+        return schema.fleet_cache_models(_plain(host_lists), _plain(extra or []))
+    except ValueError as exc:
+        raise AnsibleFilterError(str(exc)) from exc
+
+
 def rigops_given_keys(instances, instance_defaults=None):
     return schema.given_keys(_plain(instances), _plain(instance_defaults or {}))
 
@@ -95,4 +104,5 @@ class FilterModule:
             "rigops_model_refs": rigops_model_refs,
             "rigops_model_sources": rigops_model_sources,
             "rigops_given_keys": rigops_given_keys,
+            "rigops_fleet_cache_models": rigops_fleet_cache_models,
         }

@@ -19,6 +19,11 @@ description:
     downloaded. A file that fails the check is fetched again.
   - O(source=adopt) takes files another host verified (copied into the C(.partial) folder by the role) and proves
     them against that host's marker (O(expected)) before the rename, without contacting the hub.
+  - O(source=fleet_cache) pulls the files from the site's fleet cache (role C(fleet_cache)) over HTTP(S),
+    O(workers) at a time, each resumed from what an earlier attempt left (HTTP ranges), into the same
+    C(<commit>.partial) folder, proven against the cache's listing (C(<cache_url>/index.json) with the commit,
+    sizes and sha256) before the marker and the rename. A cache that does not answer fails the task and changes
+    nothing, unless O(fallback_to_hub) is set, and then the model comes from the hub as with O(source=hub).
   - O(source=local) checks a model folder already on the host (config.json, every shard of the index whole).
   - O(state=checked) only reports (commit, staged or not, bytes still needed, free space, custom code).
   - The hub's answers are checked before anything is written, and a violation fails the task with the hub, the
@@ -38,10 +43,10 @@ options:
   source:
     description: Where the files come from.
     type: str
-    choices: [hub, adopt, local]
+    choices: [hub, adopt, fleet_cache, local]
     default: hub
   hub:
-    description: The hub (source hub and adopt).
+    description: The hub (sources hub, adopt and fleet_cache).
     type: str
     choices: [modelscope, huggingface]
   id:
@@ -69,6 +74,18 @@ options:
     description: Hub token; given to the client by environment only.
     type: str
     default: ""
+  cache_url:
+    description: Base URL of the fleet cache (source fleet_cache), e.g. C(https://cache-a.site:8443).
+    type: str
+    default: ""
+  cache_token:
+    description: Token the fleet cache asks for (source fleet_cache), sent as a bearer token; empty for none.
+    type: str
+    default: ""
+  fallback_to_hub:
+    description: Source fleet_cache, when the cache does not answer, download from the hub (O(endpoint)) instead.
+    type: bool
+    default: false
   root:
     description: Root of the staged models.
     type: path
@@ -153,6 +170,17 @@ EXAMPLES = r"""
     allow_http: true
     group: vllm
 
+- name: Pull a model from the site's fleet cache, in parallel, verified against the cache's listing
+  model_weights:
+    source: fleet_cache
+    hub: huggingface
+    id: Qwen/Qwen3.5-9B-Instruct
+    revision: v1.0.0
+    cache_url: https://cache-a.site-a.internal
+    cache_token: "{{ vault_fleet_cache_token }}"
+    workers: 8
+    group: vllm
+
 - name: List and verify only (no download, nothing written)
   model_weights:
     state: checked
@@ -207,6 +235,11 @@ remote_code:
   returned: success
   type: dict
   sample: {python_files: [], auto_map: []}
+fallback:
+  description: Source fleet_cache, why the cache was not used (the model came from the hub, O(fallback_to_hub)).
+  returned: when the cache did not answer and O(fallback_to_hub) is set
+  type: str
+  sample: "fleet cache (http://cache-a:8081): cannot reach http://cache-a:8081/index.json (Connection refused)"
 reason:
   description: Why the model is not staged yet (no marker, a file missing or wrong, ...).
   returned: when a source hub or adopt model is not staged before the run
@@ -223,13 +256,16 @@ def main():
     module = AnsibleModule(
         argument_spec={
             "state": {"type": "str", "choices": ["present", "checked"], "default": "present"},
-            "source": {"type": "str", "choices": ["hub", "adopt", "local"], "default": "hub"},
+            "source": {"type": "str", "choices": ["hub", "adopt", "fleet_cache", "local"], "default": "hub"},
             "hub": {"type": "str", "choices": ["modelscope", "huggingface"]},
             "id": {"type": "str"},
             "revision": {"type": "str", "default": ""},
             "endpoint": {"type": "str", "default": ""},
             "allow_http": {"type": "bool", "default": False},
             "token": {"type": "str", "default": "", "no_log": True},
+            "cache_url": {"type": "str", "default": ""},
+            "cache_token": {"type": "str", "default": "", "no_log": True},
+            "fallback_to_hub": {"type": "bool", "default": False},
             "root": {"type": "path", "default": "/srv/rigops/models"},
             "path": {"type": "path"},
             "python": {"type": "path", "default": "/opt/rigops/vllm/current/venv/bin/python"},
@@ -249,6 +285,7 @@ def main():
         required_if=[
             ("source", "hub", ["hub", "id"]),
             ("source", "adopt", ["hub", "id"]),
+            ("source", "fleet_cache", ["hub", "id", "cache_url"]),
             ("source", "local", ["path"]),
         ],
         supports_check_mode=True,

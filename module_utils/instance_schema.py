@@ -43,8 +43,10 @@ NAME_MAX = 31 - len(USER_PREFIX)
 PORT_MIN, PORT_MAX, PORT_UNPRIVILEGED = 1, 65535, 1024
 KEY_MIN, KEY_MAX = 32, 512
 SERVED_NAME_MAX = 256
-SOURCES = ("modelscope", "huggingface", "local", "controller")
+SOURCES = ("modelscope", "huggingface", "local", "controller", "fleet_cache")
 HUBS = ("modelscope", "huggingface")
+# sources whose model names its hub in model.hub (the fan-out host or the fleet cache downloads from it)
+HUB_SOURCES = ("controller", "fleet_cache")
 DTYPES = ("auto", "bfloat16", "float16", "float32", "half", "float")
 # Flavours (vllm_runtime_flavour) whose instances run on GPUs: they must name them.
 GPU_FLAVOURS = ("cuda", "jetson")
@@ -159,7 +161,7 @@ SCHEMA = {
             ),
             "id": _spec(
                 "str",
-                "the hub's repository id (sources modelscope, huggingface, controller); a label for local",
+                "the hub's repository id (sources modelscope, huggingface, controller, fleet_cache); a label for local",
                 default="",
                 example="Qwen/Qwen3.5-9B",
                 allowed="Org/Name",
@@ -173,7 +175,7 @@ SCHEMA = {
             ),
             "hub": _spec(
                 "str",
-                "source controller only: the hub the cache host downloads from",
+                "sources controller and fleet_cache only: the hub the model is downloaded from",
                 default="",
                 example="modelscope",
                 choices=("",) + HUBS,
@@ -927,22 +929,22 @@ def _model_rules(report, path, model, bad, ctx):
     if source is None or not _ok(bad, f"{here}.source"):
         return
     model_id = model.get("id", "")
-    if source in ("modelscope", "huggingface", "controller") and _ok(bad, f"{here}.id"):
+    if source in ("modelscope", "huggingface") + HUB_SOURCES and _ok(bad, f"{here}.id"):
         if not HUB_ID_RE.match(model_id):
             what = "is not a hub repository id" if model_id else "is missing (a hub model needs its id)"
             report.add(f"{here}.id", model_id if model_id else _MISSING, what, "Org/Name", "Qwen/Qwen3.5-9B")
             bad.add(f"{here}.id")
     hub = model.get("hub", "")
-    if source == "controller" and _ok(bad, f"{here}.hub") and hub not in HUBS:
+    if source in HUB_SOURCES and _ok(bad, f"{here}.hub") and hub not in HUBS:
         report.add(
             f"{here}.hub",
-            _MISSING,
-            "is missing: source controller needs the hub the cache host downloads from",
+            hub if hub else _MISSING,
+            f"{'is not a hub' if hub else 'is missing'}: source {source} needs the hub the model is downloaded from",
             "one of " + ", ".join(HUBS),
             "modelscope",
         )
-    elif source != "controller" and hub and _ok(bad, f"{here}.hub"):
-        report.add(f"{here}.hub", hub, f"is only for source controller (source is {source})", "''", "")
+    elif source not in HUB_SOURCES and hub and _ok(bad, f"{here}.hub"):
+        report.add(f"{here}.hub", hub, f"is only for sources controller and fleet_cache (source is {source})", "''", "")
     path_value = model.get("path", "")
     if source == "local" and _ok(bad, f"{here}.path"):
         what = path_problem(path_value) if path_value else "is missing (a local model needs its directory)"
@@ -1116,6 +1118,31 @@ def model_sources(instances):
         if isinstance(model, dict) and isinstance(model.get("source"), str):
             found.add(model["source"])
     return sorted(found)
+
+
+def fleet_cache_models(host_lists, extra=None):
+    """The models a fleet cache holds: {hub, id, revision} of every `fleet_cache` instance model of
+    its clients (host_lists: one vllm_instances list per client host) and of `extra`, each once, sorted.
+    A missing revision is the hub's default branch. ValueError names an extra entry that is not a model."""
+    default_revision = {"modelscope": "master", "huggingface": "main"}
+
+    def ref(model):
+        return (model["hub"], str(model.get("id", "")), str(model.get("revision") or default_revision[model["hub"]]))
+
+    found = set()
+    for instances in host_lists if isinstance(host_lists, list) else []:
+        for inst in instances if isinstance(instances, list) else []:
+            model = inst.get("model") if isinstance(inst, dict) else None
+            if isinstance(model, dict) and model.get("source") == "fleet_cache" and model.get("hub") in HUBS:
+                found.add(ref(model))
+    for i, model in enumerate(extra or []):
+        if not isinstance(model, dict) or model.get("hub") not in HUBS or not HUB_ID_RE.match(str(model.get("id", ""))):
+            hubs = " or ".join(HUBS)
+            raise ValueError(
+                f"fleet_cache_extra_models[{i}] must be {{hub: {hubs}, id: Org/Name, revision}}, got {model!r}"
+            )
+        found.add(ref(model))
+    return [{"hub": h, "id": i, "revision": r} for h, i, r in sorted(found)]
 
 
 def given_keys(instances, instance_defaults=None):

@@ -22,8 +22,11 @@ import os
 import pwd
 import shutil
 import stat
+from concurrent.futures import ThreadPoolExecutor
 
 from ansible.module_utils.model_weights import (
+    CACHE_INDEX,
+    CHUNK,
     COMMIT_RE,
     DEFAULT_ENDPOINT,
     DEFAULT_REVISION,
@@ -33,6 +36,8 @@ from ansible.module_utils.model_weights import (
     HubError,
     api_urls,
     bytes_needed,
+    cache_entry,
+    cache_model_url,
     commit_problem,
     disk_problem,
     endpoint_problem,
@@ -56,6 +61,7 @@ from ansible.module_utils.model_weights import (
     safetensors_problem,
     verify_files,
 )
+from ansible.module_utils.six.moves.http_client import HTTPException
 from ansible.module_utils.six.moves.urllib.error import HTTPError, URLError
 from ansible.module_utils.urls import open_url
 
@@ -208,6 +214,110 @@ def client_fetch(run_command, params: dict):
             [params["python"], "-c", FETCH_SCRIPT, json.dumps(args)], environ_update=env, check_rc=False
         )
         return rc == 0, last_error(err or out)
+
+    return fetch
+
+
+# ---------------------------------------------------------------------------------------
+# The site's fleet cache (roles/fleet_cache): its listing, and files pulled over HTTP(S)
+# in parallel, each resumed from what an earlier attempt left (Range), checked afterwards
+# like a hub's download (stage_from_hub). Plain HTTP GETs with Ansible's open_url: no
+# hub client is needed on the host, and the controller is not on the data path.
+
+
+class CacheUnreachable(StageError):
+    """The cache did not answer at all (a fallback to the hub may apply)."""
+
+
+def cache_headers(params: dict) -> dict:
+    token = params.get("cache_token") or ""
+    return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+def cache_listing(params: dict, opener=None) -> tuple[str, list[dict]]:
+    """(commit, files) of the model in the cache's listing, checked like a hub's answer."""
+    base = params["cache_url"]
+    where = f"fleet cache ({base})"
+    why = endpoint_problem(base, params["allow_http"]) if base else "is empty: set model_weights_fleet_cache_url"
+    if why:
+        raise StageError(refusal(where, params["id"], [f"cache_url {base!r} {why}"], answered=False))
+    url = base.rstrip("/") + "/" + CACHE_INDEX
+    headers = dict(cache_headers(params), Accept="application/json")
+    try:
+        answer = (opener or urls_opener)(url, headers, params["timeout"])
+    except (URLError, OSError, ValueError) as exc:
+        raise CacheUnreachable(f"{where}: cannot reach {url} ({exc}); is the cache up?", url=url) from None
+    landed = answer.get("url") or url
+    why = endpoint_problem(landed, params["allow_http"])
+    if why:
+        raise StageError(refusal(where, params["id"], [f"{url} was redirected to {landed!r}, which {why}"]))
+    if answer["status"] in (401, 403):
+        raise StageError(f"{where}: {url} answered {answer['status']}: check model_weights_fleet_cache_token", url=url)
+    if answer["status"] >= 400:
+        raise CacheUnreachable(f"{where}: {url} answered {answer['status']}", url=url)
+    body = answer.get("body") or b""
+    try:
+        index = json.loads(body.decode("utf-8", "replace") if isinstance(body, bytes) else body)
+        commit, files = cache_entry(
+            index, params["hub"], params["id"], params["revision"] or DEFAULT_REVISION[params["hub"]]
+        )
+    except (HubError, AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise StageError(f"{where}: {exc}", url=url) from None
+    problems = (
+        [f"commit id {commit!r} {commit_problem(commit)}"] if commit_problem(commit) else []
+    ) + listing_problems(files)
+    if problems:
+        raise StageError(refusal(where, params["id"], problems))
+    return commit, files
+
+
+def cache_pull(url: str, dest: str, size: int, headers: dict, timeout: int) -> str:
+    """Download url into dest, resuming from dest + '.part' (Range); dest appears only when whole.
+
+    '' when done, else why not (what arrived stays in the .part file for the next attempt).
+    """
+    part = dest + ".part"
+    os.makedirs(os.path.dirname(dest), mode=0o700, exist_ok=True)
+    if os.path.islink(part):
+        os.unlink(part)
+    have = os.path.getsize(part) if os.path.isfile(part) else 0
+    if have > size:
+        os.unlink(part)
+        have = 0
+    try:
+        resp = open_url(
+            url, headers=dict(headers, Range=f"bytes={have}-") if have else headers, timeout=timeout,
+            http_agent="rigops-model-weights",
+        )  # fmt: skip
+        # what arrives is on disk at once (read1: no waiting for a whole chunk), so a cut keeps it
+        read = getattr(resp, "read1", resp.read)
+        with open(part, "ab" if resp.getcode() == 206 else "wb", buffering=0) as out:
+            for block in iter(lambda: read(CHUNK), b""):
+                out.write(block)
+    except HTTPError as exc:
+        return f"{url}: HTTP {exc.code}"
+    except (URLError, OSError, ValueError, HTTPException) as exc:
+        return f"{url}: {exc!r}"
+    got = os.path.getsize(part)
+    if got != size:
+        return f"{url}: {got} of {size} bytes arrived (the connection ended early)"
+    os.rename(part, dest)
+    return ""
+
+
+def cache_fetch(params: dict, files: list[dict]):
+    """fetch(partial, commit, wanted) -> (ok, why): each wanted file pulled from the cache, `workers` at a time."""
+    headers = cache_headers(params)
+    sizes = {f["path"]: f["size"] for f in files}
+
+    def one(partial: str, commit: str, rel: str) -> str:
+        url = cache_model_url(params["cache_url"], params["hub"], params["id"], commit, rel)
+        return cache_pull(url, os.path.join(partial, rel), sizes[rel], headers, params["timeout"])
+
+    def fetch(partial: str, commit: str, wanted: list[str]):
+        with ThreadPoolExecutor(max_workers=max(1, params["workers"])) as pool:
+            errors = [e for e in pool.map(lambda rel: one(partial, commit, rel), wanted) if e]
+        return not errors, "; ".join(errors[:3])
 
     return fetch
 
@@ -433,7 +543,8 @@ def stage_from_hub(params: dict, final: str, commit: str, files: list[dict], fet
     result["downloaded"] = sorted(downloaded)
     if not check["ok"]:
         raise StageError(
-            f"{params['hub']}: {params['id']}@{commit} is incomplete after {attempts} attempts: "
+            f"{params['hub']}: {params['id']}@{commit} is incomplete after {attempts} attempts"
+            + (f" from the fleet cache {params['cache_url']}: " if params["source"] == "fleet_cache" else ": ")
             + problems_text(check)
             + (f". Last client error: {errors[-1]}" if errors else "")
             + f". The partial download stays in {partial} and a rerun resumes it; no marker was written."
@@ -502,6 +613,20 @@ def _stage_model(params, check_mode, fetch, opener, result):
         raise StageError(f"{hub}: model id {model_id!r} must be a hub repository id like Org/Name")
     if params["source"] == "adopt":
         commit, files = adopted_listing(params)
+    elif params["source"] == "fleet_cache":
+        try:
+            commit, files = cache_listing(params)
+            fetch = cache_fetch(params, files)
+        except CacheUnreachable as exc:
+            if not params["fallback_to_hub"]:
+                raise StageError(
+                    exc.msg + ". Nothing was changed; start the cache, or allow the hub "
+                    "(model_weights_fleet_cache_fallback_to_hub: true)",
+                    **exc.result,
+                ) from None
+            result["fallback"] = exc.msg
+            params = dict(params, source="hub", label=params["hub"])
+            return _stage_model(params, check_mode, fetch, opener, result)
     else:
         api = HubApi(
             hub,
@@ -543,7 +668,8 @@ def _stage_model(params, check_mode, fetch, opener, result):
         return result
 
     ids = owner_ids(params["owner"], params["group"])
-    model = {"id": model_id, "hub": hub, "source": params["label"] or hub, "revision": revision}
+    label = params["label"] or ("fleet_cache" if params["source"] == "fleet_cache" else hub)
+    model = {"id": model_id, "hub": hub, "source": label, "revision": revision}
     if params["source"] == "adopt":
         model["source"] = "controller"
         model["revision"] = params["expected"].get("revision", revision)

@@ -20,7 +20,12 @@ import struct
 from urllib.parse import urlsplit
 
 HUBS = ("modelscope", "huggingface")
-SOURCES = ("modelscope", "huggingface", "local", "controller")
+SOURCES = ("modelscope", "huggingface", "local", "controller", "fleet_cache")
+# Sources that name the hub in model.hub: the fan-out through the controller, and the pull
+# from the site's fleet cache (roles/fleet_cache), which staged the model from that hub.
+HUB_SOURCES = ("controller", "fleet_cache")
+# The fleet cache's listing of its verified models (roles/fleet_cache writes it).
+CACHE_INDEX = "index.json"
 MARKER = ".rigops-model.json"
 MARKER_VERSION = 1
 # \A...\Z, not ^...$: `$` also matches before a trailing newline.
@@ -69,10 +74,10 @@ def normalize_model(instance: dict) -> dict:
             "path": path.rstrip("/") or "/",
             "trust_remote_code": bool(model.get("trust_remote_code", False)),
         }
-    hub = source if source != "controller" else model.get("hub", "")
+    hub = source if source not in HUB_SOURCES else model.get("hub", "")
     if hub not in HUBS:
         raise ValueError(
-            f"instance {name}: source controller needs model.hub, the hub the cache host downloads from: "
+            f"instance {name}: source {source} needs model.hub, the hub the model is downloaded from: "
             f"modelscope or huggingface (got {hub!r})"
         )
     model_id = model.get("id", "")
@@ -171,6 +176,36 @@ def model_dir(root: str, hub: str, model_id: str, commit: str) -> str:
 
 # ---------------------------------------------------------------------------------------
 # Hub listings: the same API calls the clients make, parsed into one file list.
+
+
+def cache_model_url(base: str, hub: str, model_id: str, commit: str, rel: str = "") -> str:
+    """URL of a staged model's folder (or of one of its files) on a fleet cache: the store's layout."""
+    url = base.rstrip("/") + "/models/" + model_dir("", hub, model_id, commit).lstrip("/")
+    return url + "/" + rel if rel else url + "/"
+
+
+def cache_entry(index, hub: str, model_id: str, revision: str) -> tuple[str, list[dict]]:
+    """(commit, files) of one model in a fleet cache's listing; HubError saying what is missing.
+
+    The listing is {"models": [{hub, id, revision, commit, files: [{path, size, sha256}]}]};
+    revision matches the entry's revision or its commit.
+    """
+    if not isinstance(index, dict) or not isinstance(index.get("models"), list):
+        raise HubError(f"the listing is not a mapping with a list of models (got {type(index).__name__})")
+    held = []
+    for entry in index["models"]:
+        if not isinstance(entry, dict):
+            continue
+        if entry.get("hub") == hub and entry.get("id") == model_id:
+            if revision in (entry.get("revision"), entry.get("commit")):
+                return entry.get("commit"), marker_files(entry)
+            held.append(str(entry.get("revision")))
+    where = f"revisions {', '.join(sorted(held))} only" if held else "nothing of this model"
+    raise HubError(
+        f"the cache does not hold {hub}:{model_id}@{revision} (it holds {where}); add the model to the cache "
+        f"(fleet_cache_models, or an instance with source fleet_cache among fleet_cache_clients) and run the "
+        f"caches play first"
+    )
 
 
 def api_urls(hub: str, endpoint: str, model_id: str, revision: str) -> dict:

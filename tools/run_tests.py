@@ -47,10 +47,11 @@ STAGES = ["lint", "unit", "image", "molecule", "integration"]
 # through the roles (a scenario that starts from a stage snapshot finds it cached, or
 # sandbox/fleet.py builds it), and the unit tests, which need no host. model_weights
 # counts the hub stand-in's requests: it runs first in its lane, while the other lane's
-# first scenarios download no model. Scenarios not listed run at the end of the shorter lane.
+# first scenarios download no model (fleet_cache counts its own hosts' requests by address).
+# Scenarios not listed run at the end of the shorter lane.
 LANES = [
     ["sandbox", "driver_topology", "vllm_runtime", "jetson", "unit", "integration"],
-    ["model_weights", "vllm_service", "site"],
+    ["model_weights", "fleet_cache", "vllm_service", "site"],
 ]
 # Budget of the whole run on 2 cores (issue: the suite budget).
 BUDGET_WARM_S = 35 * 60

@@ -282,6 +282,8 @@ class Handler(BaseHTTPRequestHandler):
             "path": self.path,
             "client": client_kind(self.headers.get("User-Agent", "")),
             "ua": self.headers.get("User-Agent", ""),
+            # who asked: a test counts one host's downloads while other scenarios run
+            "address": self.client_address[0],
             "api": None,
             "repo": None,
             "revision": None,

@@ -459,7 +459,14 @@ CASES = [
         [inst(model__hub="huggingface")],
         CUDA,
         "vllm_instances[0].model.hub",
-        "is only for source controller",
+        "is only for sources controller and fleet_cache",
+    ),
+    (
+        "fleet_cache without hub",
+        [inst(model__source="fleet_cache")],
+        CUDA,
+        "vllm_instances[0].model.hub",
+        "source fleet_cache needs the hub",
     ),
     (
         "path on a hub model",

@@ -579,3 +579,173 @@ def test_client_fetch_runs_the_real_client_with_the_token_in_the_environment(par
     }
     assert "hf_secret" not in " ".join(seen["argv"]) and seen["env"]["HF_TOKEN"] == "hf_secret"
     assert seen["env"]["HF_HOME"] == os.path.join(p["root"], ".client-cache", "huggingface")
+
+
+# --- source fleet_cache: a real HTTP server with ranges stands for the site's cache -------
+
+
+class CacheServer:
+    """The fleet cache's data path over real HTTP: index.json and the store's files, with Range.
+
+    files: {url path: bytes}; requests: (path, Range header, status) of every GET; stop_after:
+    bytes of a body to send before the connection is cut (once, for the first file asked).
+    """
+
+    def __init__(self, files, token=""):
+        import http.server
+        import threading
+
+        self.files, self.token, self.requests, self.cut = files, token, [], None
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):  # noqa: N802 (http.server's name)
+                rng = self.headers.get("Range")
+                if server.token and self.headers.get("Authorization") != f"Bearer {server.token}":
+                    return self.answer(401, b"no", rng)
+                data = server.files.get(self.path)
+                if data is None:
+                    return self.answer(404, b"not here", rng)
+                start = int(rng.split("=")[1].rstrip("-")) if rng else 0
+                body = data[start:]
+                if server.cut and self.path.endswith(server.cut[0]):
+                    _, keep = server.cut
+                    server.cut = None
+                    self.answer(206 if rng else 200, body, rng, length=len(body), send=body[:keep])
+                    self.wfile.flush()
+                    self.connection.shutdown(2)
+                    return None
+                return self.answer(206 if rng else 200, body, rng)
+
+            def answer(self, status, body, rng, length=None, send=None):
+                server.requests.append((self.path, rng, status))
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body) if length is None else length))
+                self.end_headers()
+                self.wfile.write(body if send is None else send)
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def cache_files(repo, hub="huggingface", revision="v1.0.0", corrupt=()):
+    """The cache's index.json and store for one model (sha256 of the stand-in bytes), a file corrupted on request."""
+    model_id = MODELS[hub]
+    files = [{"path": rel, "size": len(data), "sha256": sha256(data)} for rel, data in sorted(repo.items())]
+    index = {"models": [{"hub": hub, "id": model_id, "revision": revision, "commit": COMMIT, "files": files}]}
+    base = "/models/" + mw.model_dir("", hub, model_id, COMMIT).lstrip("/")
+    out = {"/index.json": json.dumps(index).encode()}
+    for rel, data in repo.items():
+        out[f"{base}/{rel}"] = data if rel not in corrupt else data[:-1] + bytes([data[-1] ^ 1])
+    return out
+
+
+@pytest.fixture
+def cache(repo):
+    servers = []
+
+    def make(**kw):
+        token = kw.pop("token", "")
+        server = CacheServer(cache_files(repo, **kw), token=token)
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.close()
+
+
+def cache_params(params, server, **over):
+    return params("huggingface", source="fleet_cache", revision="v1.0.0", cache_url=server.url, allow_http=True, **over)
+
+
+def test_fleet_cache_pulls_every_file_verifies_marks_and_renames(params, repo, cache):
+    server = cache(token="s3cret")
+    p = cache_params(params, server, cache_token="s3cret", workers=3)
+    result = ms.stage_model(p)
+    final = final_dir(p)
+    assert result["staged"] and result["changed"] and result["commit"] == COMMIT
+    assert {rel: (final / rel).read_bytes() for rel in repo} == repo
+    marker = json.loads((final / mw.MARKER).read_text())
+    assert marker["source"] == "fleet_cache" and marker["revision"] == "v1.0.0"
+    assert not Path(str(final) + ".partial").exists() and not list(final.rglob("*.part"))
+    assert sorted(r[0].rsplit("/", 1)[-1] for r in server.requests[1:]) == sorted(repo)  # each file once
+    # a second run reads only the listing
+    before = len(server.requests)
+    again = ms.stage_model(p)
+    assert again["staged"] and not again["changed"] and server.requests[before:] == [("/index.json", None, 200)]
+
+
+def test_fleet_cache_file_corrupted_on_the_cache_is_refused_and_named(params, repo, cache):
+    shard = "model-00001-of-00003.safetensors"
+    server = cache(corrupt=[shard])
+    p = cache_params(params, server)
+    with pytest.raises(ms.StageError) as info:
+        ms.stage_model(p)
+    assert f"{shard}: sha256" in info.value.msg and f"from the fleet cache {server.url}" in info.value.msg
+    assert not final_dir(p).exists()  # nothing moved into place
+    partial = Path(str(final_dir(p)) + ".partial")
+    assert not (partial / mw.MARKER).exists()
+    assert (partial / "config.json").read_bytes() == repo["config.json"]  # the good files stay for a rerun
+
+
+def test_fleet_cache_cut_mid_file_resumes_with_a_range(params, repo, cache):
+    shard = "model-00001-of-00003.safetensors"
+    server = cache()
+    server.cut = (shard, 1000)
+    p = cache_params(params, server, attempts=1, workers=1)
+    with pytest.raises(ms.StageError) as info:
+        ms.stage_model(p)
+    assert shard in info.value.msg and "a rerun resumes it" in info.value.msg
+    part = Path(str(final_dir(p)) + ".partial") / (shard + ".part")
+    assert part.stat().st_size == 1000
+    result = ms.stage_model(p)
+    assert result["staged"] and (final_dir(p) / shard).read_bytes() == repo[shard]
+    assert [r for r in server.requests if r[0].endswith(shard)][-1] == (server.requests[-1][0], "bytes=1000-", 206)
+
+
+def test_fleet_cache_down_changes_nothing_or_falls_back_to_the_hub(params, repo, cache, tmp_path):
+    server = cache()
+    url = server.url
+    server.close()
+    p = cache_params(params, server)
+    with pytest.raises(ms.StageError) as info:
+        ms.stage_model(p)
+    assert f"fleet cache ({url}): cannot reach {url}/index.json" in info.value.msg
+    assert "model_weights_fleet_cache_fallback_to_hub" in info.value.msg
+    assert not Path(p["root"]).exists()
+    hub = CapturedHub(hf_answers(repo))
+    client = StandInClient(repo, tmp_path)
+    p = dict(p, fallback_to_hub=True, revision="main")
+    result = ms.stage_model(p, fetch=client, opener=hub)
+    assert result["staged"] and "cannot reach" in result["fallback"] and client.calls
+    assert json.loads((final_dir(p) / mw.MARKER).read_text())["source"] == "huggingface"
+
+
+@pytest.mark.parametrize(
+    ("over", "needle"),
+    [
+        (
+            {"revision": "v2.0.0"},
+            "does not hold huggingface:Qwen/Qwen3.5-9B-Instruct@v2.0.0 (it holds revisions v1.0.0",
+        ),
+        ({"cache_token": "wrong", "token_on_server": "right"}, "answered 401: check model_weights_fleet_cache_token"),
+        ({"allow_http": False}, "is plain http"),
+    ],
+)
+def test_fleet_cache_refusals_name_what_to_fix(params, cache, over, needle):
+    server = cache(token=over.pop("token_on_server", ""))
+    p = cache_params(params, server)
+    p.update(over)
+    with pytest.raises(ms.StageError) as info:
+        ms.stage_model(p)
+    assert needle in info.value.msg
+    assert not Path(p["root"]).exists()

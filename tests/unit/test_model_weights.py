@@ -73,10 +73,35 @@ def test_plan_explicit_cache_host_stages_models_it_does_not_serve():
         mw.plan("rig1", fleet, "elsewhere")
 
 
+def test_plan_fleet_cache_models_are_pulled_by_every_host_itself():
+    cached = {"source": "fleet_cache", "hub": "huggingface", "id": "Org/M", "revision": "v1"}
+    fleet = {"rig1": [inst("f", **cached)], "rig2": [inst("f", **cached), inst("g", **cached)]}
+    for host in fleet:
+        (model,) = mw.plan(host, fleet)["models"]
+        assert model["role"] == "download" and model["source"] == "fleet_cache" and model["cache_host"] == ""
+        assert model["key"] == "huggingface:Org/M@v1"
+
+
+def test_cache_entry_finds_the_revision_or_its_commit_and_names_what_the_cache_holds():
+    files = [{"path": "config.json", "size": 3, "sha256": "a" * 64}]
+    index = {"models": [{"hub": "huggingface", "id": "Org/M", "revision": "v1", "commit": COMMIT, "files": files}]}
+    assert mw.cache_entry(index, "huggingface", "Org/M", "v1") == (COMMIT, files)
+    assert mw.cache_entry(index, "huggingface", "Org/M", COMMIT)[0] == COMMIT
+    with pytest.raises(mw.HubError, match="holds revisions v1 only"):
+        mw.cache_entry(index, "huggingface", "Org/M", "v2")
+    with pytest.raises(mw.HubError, match="holds nothing of this model"):
+        mw.cache_entry(index, "modelscope", "Org/M", "v1")
+    with pytest.raises(mw.HubError, match="not a mapping with a list of models"):
+        mw.cache_entry([], "huggingface", "Org/M", "v1")
+    url = mw.cache_model_url("https://cache/", "huggingface", "Org/M", COMMIT, "a/b.json")
+    assert url == f"https://cache/models/huggingface/Org/M/{COMMIT}/a/b.json"
+
+
 @pytest.mark.parametrize(
     ("instance", "message"),
     [
         (inst("a", source="gitlab", id="a/b"), "model.source must be one of"),
+        (inst("a", source="fleet_cache", id="a/b"), "source fleet_cache needs model.hub"),
         (inst("a", source="controller", id="a/b"), "needs model.hub"),
         (inst("a", source="modelscope", id="no-slash"), "Org/Name"),
         (inst("a", source="local", path="relative"), "absolute directory"),

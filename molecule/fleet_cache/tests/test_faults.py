@@ -1,0 +1,116 @@
+"""Failure paths, after the end-state tests: a file corrupted on the cache is refused by the rig
+(named, nothing in place), and the cache stopped mid-pull fails clearly and the next run resumes.
+The last case leaves the cache slowed down (fleet_cache_limit_rate): nothing runs after it."""
+
+import json
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import testinfra
+from rigops_testinfra import ROOT, ansible_playbook, recap
+
+pytestmark = pytest.mark.changes_state
+
+CONVERGE = Path(__file__).resolve().parents[1] / "converge.yml"
+STORE = "/srv/rigops/cache/models"
+CACHE_URL = "http://rigops-fc-cache:8081"
+
+
+def get(name):
+    return testinfra.get_host(f"podman://rigops-{name}")
+
+
+def sharded():
+    """The ModelScope model (three shards) in the cache's listing, and its folder on a rig."""
+    index = json.loads(get("fc-cache").file(f"{STORE}/index.json").content_string)
+    m = next(m for m in index["models"] if m["hub"] == "modelscope")
+    return m, f"modelscope/{m['id']}/{m['commit']}"
+
+
+def weights(*args):
+    """The converge's rig play, model_weights only, on fc-rig1; (rc, output with whitespace collapsed)."""
+    rc, out = ansible_playbook(CONVERGE, "-l", "fc-rig1", "--tags", "model_weights", *args)
+    return rc, " ".join(out.split()), out
+
+
+def test_a_file_corrupted_on_the_cache_is_refused_named_and_nothing_moves_into_place():
+    m, folder = sharded()
+    shard = next(f["path"] for f in m["files"] if f["path"].endswith("00001-of-00003.safetensors"))
+    cache, rig = get("fc-cache"), get("fc-rig1")
+    rig.check_output(f"rm -rf /srv/rigops/models/{folder}")
+    cache.check_output(f"cp -p {STORE}/{folder}/{shard} /root/shard.good")
+    # one byte flipped, same size: only the sha256 tells
+    flip = "b=bytearray(open(p,'rb').read()); b[-1]^=1; open(p,'wb').write(b)"
+    cache.check_output(f"python3 -c \"p='{STORE}/{folder}/{shard}'; {flip}\"")
+    try:
+        rc, out, raw = weights()
+        assert rc != 0 and recap(raw, "fc-rig1")["failed"] == 1
+        assert re.search(rf"{re.escape(shard)}: sha256 [0-9a-f]{{64}}, expected {m_sha(m, shard)}", out), out[-3000:]
+        assert f"from the fleet cache {CACHE_URL}" in out
+        assert not rig.file(f"/srv/rigops/models/{folder}").exists
+        assert not rig.file(f"/srv/rigops/models/{folder}.partial/.rigops-model.json").exists
+    finally:
+        cache.check_output(f"mv /root/shard.good {STORE}/{folder}/{shard}")
+    rc, out, raw = weights()
+    assert rc == 0 and rig.file(f"/srv/rigops/models/{folder}/{shard}").sha256sum == m_sha(m, shard), out[-3000:]
+
+
+def m_sha(m, path):
+    return next(f["sha256"] for f in m["files"] if f["path"] == path)
+
+
+def test_the_cache_stopped_mid_pull_fails_clearly_and_the_next_run_resumes():
+    m, folder = sharded()
+    cache, rig = get("fc-cache"), get("fc-rig1")
+    partial = f"/srv/rigops/models/{folder}.partial"
+    rig.check_output(f"rm -rf /srv/rigops/models/{folder} {partial}")
+    # slow the cache down (the role's own setting) so that a pull is caught in the middle
+    rc, out = ansible_playbook(
+        CONVERGE, "-l", "fc-cache", "--tags", "fleet_cache_configure", "-e", "fleet_cache_limit_rate=50k"
+    )
+    assert rc == 0, out[-3000:]
+    assert "fleet_cache : Preflight | Variables are consistent" in out  # a part's tag runs the preflight too
+    try:
+        proc = subprocess.Popen(
+            ansible_cmd("-l", "fc-rig1", "--tags", "model_weights"),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:
+            sizes = rig.run(f"find {partial} -name '*.part' -size +10k 2>/dev/null").stdout.split()
+            if sizes:
+                break
+            time.sleep(1)
+        assert sizes, "no pull was seen in progress"
+        cache.check_output("systemctl stop nginx")
+        out = proc.communicate(timeout=300)[0]
+        assert proc.returncode != 0
+        flat = " ".join(out.split())
+        assert "after 3 attempts from the fleet cache http://rigops-fc-cache:8081" in flat, flat[-3000:]
+        assert "a rerun resumes it" in flat
+        kept = rig.run(f"find {partial} -name '*.part' -size +10k").stdout.split()
+        assert kept and not rig.file(f"/srv/rigops/models/{folder}").exists
+    finally:
+        cache.check_output("systemctl start nginx")
+    before = len(cache.check_output("cat /var/log/nginx/rigops-fleet-cache.log").splitlines())
+    rc, flat, raw = weights()
+    assert rc == 0, flat[-3000:]
+    log = cache.check_output("cat /var/log/nginx/rigops-fleet-cache.log").splitlines()[before:]
+    assert any('" 206 ' in line and ".safetensors" in line for line in log), log
+    for f in m["files"]:
+        assert rig.file(f"/srv/rigops/models/{folder}/{f['path']}").sha256sum == f["sha256"]
+
+
+def ansible_cmd(*args):
+    """The command ansible_playbook runs, for a run in the background."""
+    inventory = Path(os.environ["MOLECULE_INVENTORY_FILE"]).parent
+    return [
+        "ansible-playbook", "-i", str(inventory), "-i", str(ROOT / "inventories" / "sandbox" / "groups.yml"),
+        str(CONVERGE), *args,
+    ]  # fmt: skip

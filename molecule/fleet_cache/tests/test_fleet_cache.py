@@ -1,0 +1,113 @@
+"""The end state: the cache serves its verified store and wheelhouse; both rigs got their models
+(and fc-rig1 its whole runtime) from it, verified; the hub saw the cache only."""
+
+import json
+import urllib.request
+
+import pytest
+import testinfra
+
+HUB = "http://127.0.0.1:18090"
+CACHE = "http://rigops-fc-cache:8081"
+TOKEN = "fc-sandbox-token-4b1d"
+STORE = "/srv/rigops/cache"
+MODELS = {("huggingface", "Qwen/Qwen3.5-9B-Instruct", "v1.0.0"), ("modelscope", "Qwen/Qwen3.5-9B", "master")}
+RIGS = ["fc-rig1", "fc-rig2"]
+
+
+def get(name):
+    return testinfra.get_host(f"podman://rigops-{name}")
+
+
+def address(name):
+    return get(name).check_output("hostname -I").split()[0]
+
+
+def curl(host, path, *args):
+    """(status, body) of a GET from host to the cache."""
+    out = host.check_output(f"curl -sS --noproxy '*' -w '\\n%{{http_code}}' {' '.join(args)} {CACHE}{path}")
+    body, _, status = out.rpartition("\n")
+    return int(status), body
+
+
+@pytest.fixture(scope="module")
+def index():
+    return json.loads(get("fc-cache").file(f"{STORE}/models/index.json").content_string)
+
+
+def test_the_cache_lists_each_model_once_with_its_verified_files(index):
+    cache = get("fc-cache")
+    assert {(m["hub"], m["id"], m["revision"]) for m in index["models"]} == MODELS
+    for m in index["models"]:
+        folder = f"{STORE}/models/{m['hub']}/{m['id']}/{m['commit']}"
+        marker = json.loads(cache.file(f"{folder}/.rigops-model.json").content_string)
+        assert marker["files"] == m["files"] and all(len(f["sha256"]) == 64 for f in m["files"])
+        assert cache.file(folder).user == "root" and cache.file(folder).mode == 0o755
+
+
+def test_nginx_serves_reads_only_with_the_token_for_models_and_open_wheels():
+    rig = get("fc-rig1")
+    assert get("fc-cache").service("nginx").is_running and get("fc-cache").service("nginx").is_enabled
+    assert curl(rig, "/index.json")[0] == 401
+    assert curl(rig, "/index.json", "-H 'Authorization: Bearer wrong'")[0] == 401
+    status, body = curl(rig, "/index.json", f"-H 'Authorization: Bearer {TOKEN}'")
+    assert status == 200 and json.loads(body)["models"]
+    assert curl(rig, "/models/", f"-H 'Authorization: Bearer {TOKEN}'")[0] == 403  # no listing of the store
+    assert curl(rig, "/index.json", "-X POST", f"-H 'Authorization: Bearer {TOKEN}'")[0] == 405
+    status, page = curl(rig, "/wheels/cpu/simple/torch/")
+    assert status == 200 and 'href="torch-' in page and ".whl" in page
+    assert curl(rig, "/wheels/cpu/requirements.lock")[0] == 200
+    assert curl(rig, "/wheels/cpu/.wheelhouse.json")[0] == 404
+    # ranges, for resume
+    assert curl(rig, "/wheels/cpu/requirements.lock", "-r 0-9", "-o /dev/null")[0] == 206
+
+
+def test_the_token_is_in_no_file_nginx_users_read_and_in_no_argv():
+    cache = get("fc-cache")
+    assert cache.file("/etc/nginx/rigops-fleet-cache").mode == 0o700
+    assert TOKEN not in cache.file("/etc/nginx/sites-available/rigops-fleet-cache.conf").content_string
+    assert TOKEN not in cache.check_output("ps -eo args")
+
+
+@pytest.mark.parametrize("name", RIGS)
+def test_each_rig_holds_the_models_pulled_from_the_cache_verified(name, index):
+    rig = get(name)
+    for m in index["models"]:
+        folder = f"/srv/rigops/models/{m['hub']}/{m['id']}/{m['commit']}"
+        marker = json.loads(rig.file(f"{folder}/.rigops-model.json").content_string)
+        assert marker["source"] == "fleet_cache" and marker["files"] == m["files"]
+        for f in m["files"]:
+            assert rig.file(f"{folder}/{f['path']}").sha256sum == f["sha256"]
+        assert not rig.file(f"{folder}.partial").exists
+    staged = json.loads(rig.file("/etc/rigops/models.json").content_string)
+    assert staged
+
+
+def test_the_hub_saw_the_cache_only_one_download_per_file(index):
+    with urllib.request.urlopen(HUB + "/_admin/log", timeout=10) as resp:
+        log = json.loads(resp.read())
+    rigs = {address(n) for n in RIGS}
+    assert not [e for e in log if e.get("address") in rigs]
+    cache = address("fc-cache")
+    files = [
+        e
+        for e in log
+        if e.get("address") == cache and e.get("file") and e["method"] == "GET" and e["status"] in (200, 206)
+    ]
+    per_file = {}
+    for e in files:
+        per_file[(e["repo"], e["file"])] = per_file.get((e["repo"], e["file"]), 0) + 1
+    wanted = {(m["id"], f["path"]) for m in index["models"] for f in m["files"]}
+    assert set(per_file) == wanted and set(per_file.values()) == {1}, per_file
+
+
+def test_the_runtime_of_the_bare_rig_came_from_the_cache_hash_checked():
+    rig = get("fc-rig1")
+    release = rig.file("/opt/rigops/vllm/current").linked_to
+    requirements = rig.file(f"{release}/requirements.txt").content_string
+    assert "--hash=sha256:" in requirements and "torch==" in requirements
+    log = get("fc-cache").check_output("cat /var/log/nginx/rigops-fleet-cache.log")
+    mine = [line for line in log.splitlines() if line.startswith(address("fc-rig1") + " ")]
+    assert any("/wheels/cpu/simple/torch/torch-" in line and '" 200 ' in line for line in mine), mine[-5:]
+    assert any("/wheels/cpu/requirements.lock" in line for line in mine)
+    assert rig.run("/opt/rigops/vllm/current/venv/bin/python -c 'import vllm, torch'").rc == 0
