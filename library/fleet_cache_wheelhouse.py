@@ -93,6 +93,8 @@ def main():
         supports_check_mode=True,
     )
     p = module.params
+    if module.check_mode and not os.path.exists(p["lock"]):  # a first run in check mode: the lock comes first
+        module.exit_json(changed=True, files=0, projects=0, downloaded=False, msg=f"{p['lock']} would be fetched first")
     try:
         with open(p["lock"]) as f:
             text = f.read()

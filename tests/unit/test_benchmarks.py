@@ -141,7 +141,7 @@ def test_fleet_helpers_call_fleet_py(monkeypatch):
 
 
 def test_model_weights_inventory():
-    inv = json.loads(model_weights.inventory(details(1, 2355, "bench-mw"), fanout=True))
+    inv = json.loads(model_weights.inventory(details(1, 2355, "bench-mw"), "controller"))
     host = inv["bench"]["hosts"]["bench-mw1"]
     assert {k: host[k] for k in SSH_VARS} == {**SSH_VARS, "ansible_port": 2355}
     (instance,) = host["vllm_instances"]
@@ -151,8 +151,12 @@ def test_model_weights_inventory():
         "source": "controller",
         "hub": "huggingface",
     }
-    inv = json.loads(model_weights.inventory(details(1, 2355, "bench-mw"), fanout=False))
+    inv = json.loads(model_weights.inventory(details(1, 2355, "bench-mw"), "hub"))
     assert inv["bench"]["hosts"]["bench-mw1"]["vllm_instances"][0]["model"]["source"] == "huggingface"
+    inv = json.loads(model_weights.inventory(details(1, 2355, "bench-mw"), "fleet_cache"))
+    model = inv["bench"]["hosts"]["bench-mw1"]["vllm_instances"][0]["model"]
+    assert model["source"] == "fleet_cache" and model["hub"] == "huggingface"
+    assert model_weights.CACHE[2] not in model_weights.PORTS and len(set(model_weights.PORTS)) == 8
 
 
 def test_vllm_runtime_inventory():
@@ -440,3 +444,19 @@ def test_rollout_bench_uses_ports_of_its_own():
     assert ports.isdisjoint({p["port"] for p in molecule})
     assert ports.isdisjoint(range(2381, 2399))
     assert rollout_bench.lock_line("idna").startswith("idna==")
+
+
+def test_every_sandbox_host_has_its_own_ssh_port():
+    """Scenarios of both lanes and the demo fleet run side by side: an SSH port shared would cross hosts."""
+    seen = {}
+    owners = [
+        (p, [pl["port"] for pl in yaml.safe_load(p.read_text())["platforms"]])
+        for p in ROOT.glob("molecule/*/molecule.yml")
+    ]
+    demo = ROOT / "inventories" / "sandbox" / "hosts.yml"
+    owners.append((demo, [int(p) for p in re.findall(r"ansible_port:\s*(\d+)", demo.read_text())]))
+    for path, ports in owners:
+        for port in ports:
+            assert port not in seen, f"port {port}: {seen.get(port)} and {path.relative_to(ROOT)}"
+            seen[port] = str(path.relative_to(ROOT))
+    assert len(seen) >= 20 and not set(seen) & set(model_weights.PORTS)

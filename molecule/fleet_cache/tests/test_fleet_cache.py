@@ -3,9 +3,11 @@
 
 import json
 import urllib.request
+from pathlib import Path
 
 import pytest
 import testinfra
+from rigops_testinfra import ansible_playbook, ansible_playbooks, recap
 
 HUB = "http://127.0.0.1:18090"
 CACHE = "http://rigops-fc-cache:8081"
@@ -13,6 +15,7 @@ TOKEN = "fc-sandbox-token-4b1d"
 STORE = "/srv/rigops/cache"
 MODELS = {("huggingface", "Qwen/Qwen3.5-9B-Instruct", "v1.0.0"), ("modelscope", "Qwen/Qwen3.5-9B", "master")}
 RIGS = ["fc-rig1", "fc-rig2"]
+CONVERGE = Path(__file__).resolve().parents[1] / "converge.yml"
 
 
 def get(name):
@@ -110,4 +113,36 @@ def test_the_runtime_of_the_bare_rig_came_from_the_cache_hash_checked():
     mine = [line for line in log.splitlines() if line.startswith(address("fc-rig1") + " ")]
     assert any("/wheels/cpu/simple/torch/torch-" in line and '" 200 ' in line for line in mine), mine[-5:]
     assert any("/wheels/cpu/requirements.lock" in line for line in mine)
-    assert rig.run("/opt/rigops/vllm/current/venv/bin/python -c 'import vllm, torch'").rc == 0
+    # the role's smoke test ran vLLM's kernels from it before current moved (as the service user)
+    smoke = json.loads(json.loads(rig.file(f"{release}/.rigops-release.json").content_string)["smoke"])
+    assert smoke["vllm"] and smoke["kernel_run"].startswith("_C::silu_and_mul on cpu")
+
+
+def test_check_mode_on_the_converged_cache_changes_nothing():
+    rc, out = ansible_playbook(CONVERGE, "-l", "fc-cache", "--check")
+    assert rc == 0 and recap(out, "fc-cache")["changed"] == 0, out[-3000:]
+
+
+BAD = {
+    "fleet_cache_wheelhouses[0] is": '{"fleet_cache_wheelhouses": [{"name": "cpu"}]}',
+    "fleet_cache_port a port 1-65535 (got 0)": '{"fleet_cache_port": 0}',
+    "fleet_cache_extra_models[0] must be": '{"fleet_cache_extra_models": [{"hub": "gitlab", "id": "a/b"}]}',
+}
+
+
+@pytest.fixture(scope="module")
+def refused():
+    """The bad inputs, run at once (each stops in the preflight), with the cache's files before and after."""
+    cache = get("fc-cache")
+    files = ("/etc/nginx/sites-available/rigops-fleet-cache.conf", f"{STORE}/models/index.json")
+    before = [cache.file(f).sha256sum for f in files]
+    runs = ansible_playbooks({needle: (CONVERGE, "-l", "fc-cache", "-e", extra) for needle, extra in BAD.items()})
+    return runs, before, [cache.file(f).sha256sum for f in files]
+
+
+@pytest.mark.parametrize("needle", BAD)
+def test_bad_input_is_refused_by_name_and_changes_nothing(refused, needle):
+    runs, before, after = refused
+    rc, out = runs[needle]
+    assert rc != 0 and needle in " ".join(out.split()), out[-3000:]
+    assert recap(out, "fc-cache")["changed"] == 0 and before == after
