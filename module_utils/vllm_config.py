@@ -525,6 +525,12 @@ def remote_code_findings(cfg, where="config.toml"):
     ]
 
 
+# parse_extra_args runs in two places: here (unit tests, stand-in parsers) and in the runtime's own
+# python on the host, where vLLM's parser lives (the vllm_service probe sends it there as a script).
+# Its source is kept as text and the function defined from it: inspect.getsource would need this
+# module's file, which a host does not have when module_utils come from the controller's memory
+# (mitogen's strategy, RIGOPS_MITOGEN=1).
+PARSE_EXTRA_ARGS_SOURCE = r'''
 def parse_extra_args(parser, extra_args, managed, argv=()):
     """What `extra_args` set, as vLLM's own argument parser reads them, and what that parser refuses.
 
@@ -537,7 +543,7 @@ def parse_extra_args(parser, extra_args, managed, argv=()):
     {"error": message} for what the parser refuses (unknown flags, bad values). Never exits.
 
     Self-contained (standard library; nothing from this module's globals): the vllm_service probe
-    runs this function's source with the runtime's python, where vLLM's parser lives.
+    runs this source (PARSE_EXTRA_ARGS_SOURCE) with the runtime's python, where vLLM's parser lives.
     """
     import argparse
     import contextlib
@@ -603,6 +609,8 @@ def parse_extra_args(parser, extra_args, managed, argv=()):
     except Exception as exc:  # noqa: BLE001
         return [{"error": f"{type(exc).__name__}: {exc}"}]
     return []
+'''
+exec(PARSE_EXTRA_ARGS_SOURCE, globals())  # defines parse_extra_args
 
 
 def extra_args_problems(findings, where="config.toml"):

@@ -7,11 +7,12 @@
     ./rigops test --lanes 1            the sandbox stages one after the other
     ./rigops test --keep-going         run the next steps after a failure
 
-Stages: lint (yamllint, ansible-lint profile production, ruff) and image (sandbox host
-image, cached by recipe), then in lanes unit (pytest tests/unit) and the sandbox stages:
-Molecule scenarios (each phase of Molecule's test sequence as read from
-.config/molecule/config.yml or the scenario's own molecule.yml is a step) and
-integration (pytest tests/integration).
+Stages: image (sandbox host image, cached by recipe) first; then, side by side, lint
+(yamllint, ansible-lint profile production, ruff) and the lanes: unit (pytest tests/unit)
+and the sandbox stages: Molecule scenarios (each phase of Molecule's test sequence as read
+from .config/molecule/config.yml or the scenario's own molecule.yml is a step) and
+integration (pytest tests/integration). Lint needs no host: it runs while the lanes'
+first scenarios make theirs.
 
 The sandbox stages and the unit tests run in two lanes at once (LANES): most of the
 sandbox's time is spent waiting on hosts (package installs, reboots, vLLM loading a
@@ -48,10 +49,11 @@ STAGES = ["lint", "unit", "image", "molecule", "integration"]
 # sandbox/fleet.py builds it), and the unit tests, which need no host. model_weights
 # counts the hub stand-in's requests: it runs first in its lane, while the other lane's
 # first scenarios download no model (fleet_cache counts its own hosts' requests by address).
-# Scenarios not listed run at the end of the shorter lane.
+# site and the unit tests sit where they balance the lanes (site needs its own hosts only;
+# the unit tests none). Scenarios not listed run at the end of the shorter lane.
 LANES = [
-    ["sandbox", "driver_topology", "vllm_runtime", "jetson", "unit", "integration"],
-    ["model_weights", "fleet_cache", "vllm_service", "site"],
+    ["sandbox", "driver_topology", "vllm_runtime", "jetson", "site", "integration"],
+    ["model_weights", "fleet_cache", "vllm_service", "unit"],
 ]
 # Budget of the whole run on 2 cores (issue: the suite budget).
 BUDGET_WARM_S = 35 * 60
@@ -67,7 +69,7 @@ class Step:
     stage: str
     name: str
     cmd: list[str]
-    lane: int | None = None  # None: run before the lanes
+    lane: int | None = None  # None: not in a lane (image before the lanes, lint beside them)
     seconds: float = 0.0
     ok: bool | None = None  # None: not run
     why: list[str] = field(default_factory=list)
@@ -77,8 +79,8 @@ def run_step(step: Step, env: dict[str, str]) -> None:
     """Run one step; print its output whole when it ends (lanes run at once); keep why it failed."""
     start = time.monotonic()
     proc = subprocess.run(
-        step.cmd, check=False, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        errors="replace",
+        step.cmd, check=False, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True, errors="replace",
     )  # fmt: skip
     step.seconds = time.monotonic() - start
     step.ok = proc.returncode == 0
@@ -126,19 +128,22 @@ def caches_warm() -> bool:
     return image and wheelhouse
 
 
-def serial_steps(only: list[str]) -> list[Step]:
-    py = sys.executable
-    plan = []
-    if "lint" in only:
-        plan += [
-            Step("lint", "yamllint", ["yamllint", "--strict", "."]),
-            Step("lint", "ansible-lint", ["ansible-lint", "--profile", "production"]),
-            Step("lint", "ruff check", ["ruff", "check", "."]),
-            Step("lint", "ruff format", ["ruff", "format", "--check", "."]),
-        ]
-    if "image" in only:
-        plan.append(Step("image", "sandbox image", [py, "sandbox/fleet.py", "image"]))
-    return plan
+def image_steps(only: list[str]) -> list[Step]:
+    """What every lane's hosts start from."""
+    if "image" not in only:
+        return []
+    return [Step("image", "sandbox image", [sys.executable, "sandbox/fleet.py", "image"])]
+
+
+def lint_steps(only: list[str]) -> list[Step]:
+    if "lint" not in only:
+        return []
+    return [
+        Step("lint", "yamllint", ["yamllint", "--strict", "."]),
+        Step("lint", "ansible-lint", ["ansible-lint", "--profile", "production"]),
+        Step("lint", "ruff check", ["ruff", "check", "."]),
+        Step("lint", "ruff format", ["ruff", "format", "--check", "."]),
+    ]
 
 
 def lane_steps(only: list[str], chosen: list[str], lanes: int) -> list[list[Step]]:
@@ -249,8 +254,8 @@ def main() -> int:
     run = Run(env, args.keep_going)
     total = time.monotonic()
 
-    serial = serial_steps(only)
-    run.run(serial)
+    image, lint = image_steps(only), lint_steps(only)
+    run.run(image)
     lanes = lane_steps(only, args.scenario, args.lanes)
     lane_seconds = [0.0] * len(lanes)
 
@@ -260,12 +265,13 @@ def main() -> int:
         lane_seconds[number] = time.monotonic() - start
 
     threads = [threading.Thread(target=lane_worker, args=(n, steps)) for n, steps in enumerate(lanes)]
+    threads.append(threading.Thread(target=run.run, args=(lint,)))
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     elapsed = time.monotonic() - total
-    steps = serial + [s for lane in lanes for s in lane]
+    steps = lint + image + [s for lane in lanes for s in lane]
 
     for step in steps:
         if step.ok is False:

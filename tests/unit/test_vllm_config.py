@@ -662,3 +662,15 @@ def test_the_role_probe_runs_vllms_parser_from_the_runtime_through_ansible(tmp_p
     assert (
         f"{root}/alpha/config.toml: [server] port: 8001 is held by old, which left vllm_instances and is kept" in kept
     )
+
+
+def test_the_source_sent_to_the_runtime_stands_alone(raw):
+    """The probe sends PARSE_EXTRA_ARGS_SOURCE to the runtime's python as text (no file of this module there,
+    under mitogen): on its own, in a fresh namespace, it defines the same function and judges alike."""
+    assert "import inspect" not in (ROOT / "roles/vllm_service/library/vllm_service_probe.py").read_text()
+    alone = {}
+    exec(vllm_config.PARSE_EXTRA_ARGS_SOURCE, alone)
+    cfg, _ = normalize(raw)
+    for extra in (["--bogus-flag"], ["--api_key=s3cret"], ["--seed=1"]):
+        args = (extra, schema.MANAGED_DESTS, build_argv(cfg))
+        assert alone["parse_extra_args"](STAND_IN(), *args) == vllm_config.parse_extra_args(STAND_IN(), *args)

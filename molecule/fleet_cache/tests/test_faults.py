@@ -3,7 +3,6 @@
 The last case leaves the cache slowed down (fleet_cache_limit_rate): nothing runs after it."""
 
 import json
-import os
 import re
 import subprocess
 import time
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import testinfra
-from rigops_testinfra import ROOT, ansible_playbook, recap
+from rigops_testinfra import ansible_playbook, playbook_command, recap
 
 pytestmark = pytest.mark.changes_state
 
@@ -75,12 +74,8 @@ def test_the_cache_stopped_mid_pull_fails_clearly_and_the_next_run_resumes():
     assert rc == 0, out[-3000:]
     assert "fleet_cache : Preflight | Variables are consistent" in out  # a part's tag runs the preflight too
     try:
-        proc = subprocess.Popen(
-            ansible_cmd("-l", "fc-rig1", "--tags", "model_weights"),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
+        cmd, env = playbook_command(CONVERGE, "-l", "fc-rig1", "--tags", "model_weights")
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and proc.poll() is None:
             sizes = rig.run(f"find {partial} -name '*.part' -size +10k 2>/dev/null").stdout.split()
@@ -105,12 +100,3 @@ def test_the_cache_stopped_mid_pull_fails_clearly_and_the_next_run_resumes():
     assert any('" 206 ' in line and ".safetensors" in line for line in log), log
     for f in m["files"]:
         assert rig.file(f"/srv/rigops/models/{folder}/{f['path']}").sha256sum == f["sha256"]
-
-
-def ansible_cmd(*args):
-    """The command ansible_playbook runs, for a run in the background."""
-    inventory = Path(os.environ["MOLECULE_INVENTORY_FILE"]).parent
-    return [
-        "ansible-playbook", "-i", str(inventory), "-i", str(ROOT / "inventories" / "sandbox" / "groups.yml"),
-        str(CONVERGE), *args,
-    ]  # fmt: skip

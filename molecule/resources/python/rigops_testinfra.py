@@ -77,10 +77,12 @@ def profile(platform):
     return yaml.safe_load((ROOT / "sandbox" / "profiles" / f"{platform['profile']}.yaml").read_text())
 
 
-def ansible_playbook(playbook, *args: str) -> tuple[int, str]:
-    """Run a playbook against the scenario's inventory, as Molecule's converge did.
+def playbook_command(playbook, *args: str, linear: bool = False) -> tuple[list[str], dict[str, str]]:
+    """The command and environment that run a playbook against the scenario's inventory, as
+    Molecule's converge did (for a run in the background; ansible_playbook runs it and waits).
 
-    Returns the exit code and the output (stdout and stderr together).
+    ``linear``: with Ansible's default strategy even when the suite runs under mitogen's
+    (RIGOPS_MITOGEN=1 ./rigops test), for a test of what a user's default run prints.
     """
     inventory = Path(os.environ["MOLECULE_INVENTORY_FILE"]).parent
     cmd = [
@@ -94,6 +96,15 @@ def ansible_playbook(playbook, *args: str) -> tuple[int, str]:
     ]
     # Molecule forces colour for its own runs; the recap lines are parsed, so none here
     env = dict(os.environ, ANSIBLE_FORCE_COLOR="false", ANSIBLE_NOCOLOR="true")
+    if linear:
+        for var in ("ANSIBLE_STRATEGY", "ANSIBLE_STRATEGY_PLUGINS"):
+            env.pop(var, None)
+    return cmd, env
+
+
+def ansible_playbook(playbook, *args: str, linear: bool = False) -> tuple[int, str]:
+    """Run a playbook (see playbook_command); the exit code and the output (stdout and stderr together)."""
+    cmd, env = playbook_command(playbook, *args, linear=linear)
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     return proc.returncode, proc.stdout + proc.stderr
 

@@ -2,6 +2,7 @@
 
 import os
 import subprocess
+import sys
 import time
 import xml.etree.ElementTree as ET
 
@@ -10,6 +11,8 @@ import pytest
 
 ROOT = os.environ["MOLECULE_PROJECT_DIRECTORY"]
 ansible.module_utils.__path__.append(os.path.join(ROOT, "module_utils"))
+sys.path.insert(0, os.path.join(ROOT, "sandbox"))
+import fleet  # noqa: E402 (podman as the sandbox runs it: a restart mounts the host as its start did)
 from ansible.module_utils.nvidia_topology import parse_p2p_matrix, parse_topo_matrix  # noqa: E402
 
 RIGS = {"sb-5090", "sb-h100"}
@@ -73,8 +76,9 @@ def test_nouveau_blocks_the_driver_until_blacklisted_and_rebooted(host, hostname
 
 
 def reboot(hostname):
-    env = dict(os.environ)
-    subprocess.run(["podman", "restart", "-t", "5", f"rigops-{hostname}"], check=True, env=env, capture_output=True)
+    env = fleet.podman_env()
+    podman = fleet.podman_command()
+    subprocess.run([*podman, "restart", "-t", "5", f"rigops-{hostname}"], check=True, env=env, capture_output=True)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         state = subprocess.run(

@@ -1,10 +1,12 @@
 """Keys set through the inventory (a vault file, the README's route) never leak.
 
 The main job's runtime, weights, services and health stages run on vs-rig at -vvv with both
-instances' keys from an ansible-vault file. Then the keys are searched for everywhere they must
-not be: the controller's output, the run's report, the rig's journal (modules log "Invoked with"
-and their arguments there), the rig's files outside the two key files, the process table and
-systemd's view of the units. And the keys still work: each instance answers its own key.
+instances' keys from an ansible-vault file, with Ansible's default strategy (what a user's
+run prints) even when the suite runs under mitogen's (RIGOPS_MITOGEN=1). Then the keys are
+searched for everywhere they must not be: the controller's output, the run's report, the rig's
+journal (modules log "Invoked with" and their arguments there), the rig's files outside the two
+key files, the process table and systemd's view of the units. And the keys still work: each
+instance answers its own key.
 """
 
 import json
@@ -51,7 +53,7 @@ def vault_run(tmp_path_factory):
     rc, out = ansible_playbook(
         ROOT / "site.yml",
         "-l", "vs-rig", "--tags", "runtime,weights,services,health", "-vvv",
-        "-e", f"@{secrets_file}", "-e", f"@{extra}", "--vault-password-file", str(password),
+        "-e", f"@{secrets_file}", "-e", f"@{extra}", "--vault-password-file", str(password), linear=True,
     )  # fmt: skip
     return rc, out, folder / "reports"
 

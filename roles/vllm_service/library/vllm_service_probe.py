@@ -103,7 +103,6 @@ extra_args_checked:
   sample: [chat]
 """
 
-import inspect  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import shutil  # noqa: E402
@@ -113,6 +112,7 @@ import tempfile  # noqa: E402
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible.module_utils.instance_schema import MANAGED_DESTS  # noqa: E402
 from ansible.module_utils.vllm_config import (  # noqa: E402
+    PARSE_EXTRA_ARGS_SOURCE,
     build_argv,
     context_problems,
     extra_args_problems,
@@ -120,13 +120,12 @@ from ansible.module_utils.vllm_config import (  # noqa: E402
     normalize,
     orphan_port_clashes,
     orphans,
-    parse_extra_args,
     remote_code_findings,
     unit_instances,
 )
 
 # Run with the runtime's python: builds the API server's own parser and judges each instance's
-# extra_args with parse_extra_args (whose source is put before this). vLLM's logging goes to
+# extra_args with parse_extra_args (PARSE_EXTRA_ARGS_SOURCE, put before this). vLLM's logging goes to
 # stderr; the answer is the one JSON document on the saved stdout.
 DRIVER = r"""
 import json, os, sys
@@ -207,7 +206,7 @@ def _judge_extra_args(module, cfgs, config_root):
             LC_ALL="C",
         )
         env.pop("VLLM_API_KEY", None)
-        script = inspect.getsource(parse_extra_args) + DRIVER
+        script = PARSE_EXTRA_ARGS_SOURCE + DRIVER
         try:
             proc = subprocess.run(
                 [python, "-c", script],
