@@ -211,6 +211,8 @@ installed:
 import hashlib  # noqa: E402
 import os  # noqa: E402
 import platform  # noqa: E402
+import time  # noqa: E402
+from urllib.error import HTTPError, URLError  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible.module_utils.urls import open_url  # noqa: E402
@@ -241,12 +243,26 @@ def free_bytes(path):
     return st.f_bavail * st.f_frsize
 
 
+# A name lookup or a connection that fails for a moment (a resolver restarting, a server
+# reloading) is tried again, as pip and the model downloads do; an answer from the server is not.
+LOCK_ATTEMPTS = 4
+
+
 def read_lock(module, lock):
     if "://" in lock and not lock.startswith("file://"):
-        try:
-            return open_url(lock, timeout=30).read().decode("utf-8")
-        except Exception as exc:  # noqa: BLE001 - report any fetch error as the reason
-            module.fail_json(msg=f"cannot read the lock {lock}: {exc} (vllm_runtime_lock_url)")
+        for attempt in range(1, LOCK_ATTEMPTS + 1):
+            try:
+                return open_url(lock, timeout=30).read().decode("utf-8")
+            except HTTPError as exc:
+                module.fail_json(msg=f"cannot read the lock {lock}: {exc} (vllm_runtime_lock_url)")
+            except (URLError, OSError) as exc:
+                if attempt == LOCK_ATTEMPTS:
+                    module.fail_json(
+                        msg=f"cannot read the lock {lock} after {LOCK_ATTEMPTS} attempts: {exc} (vllm_runtime_lock_url)"
+                    )
+                time.sleep(2 * attempt)
+            except Exception as exc:  # noqa: BLE001 - report any other fetch error as the reason
+                module.fail_json(msg=f"cannot read the lock {lock}: {exc} (vllm_runtime_lock_url)")
     path = lock[len("file://") :] if lock.startswith("file://") else lock
     try:
         with open(path, encoding="utf-8") as fh:

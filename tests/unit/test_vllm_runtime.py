@@ -523,3 +523,49 @@ def test_refusal_names_the_builds_that_fit(monkeypatch, tmp_path):
     assert out["failed"] is True
     assert sorted({p["check"] for p in out["problems"]}) == ["compute capability", "driver"]
     assert all(p["variable"].endswith("(cu128 fits this host)") for p in out["problems"])
+
+
+def test_the_lock_is_read_again_after_a_failed_name_lookup_not_after_an_answer(monkeypatch, tmp_path):
+    """A resolver that fails for a moment (seen in the sandbox while hosts joined and left the network)
+    costs a retry, not the run; an HTTP answer (404) fails at once; a lookup that keeps failing fails
+    with the number of attempts."""
+    import io
+    import socket
+    from urllib.error import HTTPError, URLError
+
+    import vllm_runtime_check
+
+    url = "http://rigops-wheels:8070/requirements.lock"
+    py = f"{sys.version_info.major}.{sys.version_info.minor}"
+    matrix = json.loads(json.dumps(MATRIX))
+    matrix["cpu"]["builds"]["cpu"].update(python=[py], architectures=[], disk_gb=0)
+    calls, waits = [], []
+    monkeypatch.setattr(vllm_runtime_check.time, "sleep", waits.append)
+
+    def flaky(answers):
+        def open_url(target, timeout):
+            calls.append(target)
+            answer = answers.pop(0)
+            if isinstance(answer, Exception):
+                raise answer
+            return io.BytesIO(answer.encode())
+
+        return open_url
+
+    lookup = URLError(socket.gaierror(-3, "Temporary failure in name resolution"))
+    monkeypatch.setattr(vllm_runtime_check, "open_url", flaky([lookup, lookup, CPU_LOCK]))
+    out = run_module(monkeypatch, tmp_path, matrix=matrix, flavour="cpu", lock=url)
+    assert out["failed"] is False and out["ok"], out
+    assert calls == [url] * 3 and waits == [2, 4]
+
+    calls.clear()
+    missing = HTTPError(url, 404, "Not Found", {}, None)
+    monkeypatch.setattr(vllm_runtime_check, "open_url", flaky([missing, CPU_LOCK]))
+    out = run_module(monkeypatch, tmp_path, matrix=matrix, flavour="cpu", lock=url)
+    assert out["failed"] and "404" in out["msg"] and "(vllm_runtime_lock_url)" in out["msg"] and calls == [url]
+
+    calls.clear()
+    monkeypatch.setattr(vllm_runtime_check, "open_url", flaky([lookup] * vllm_runtime_check.LOCK_ATTEMPTS))
+    out = run_module(monkeypatch, tmp_path, matrix=matrix, flavour="cpu", lock=url)
+    assert out["failed"] and f"after {vllm_runtime_check.LOCK_ATTEMPTS} attempts" in out["msg"]
+    assert "Temporary failure in name resolution" in out["msg"]
