@@ -6,11 +6,13 @@ A benchmark script imports it as ``import _sandbox`` (Python puts the script's f
 
 - hosts: ``fleet_up`` / ``fleet_down`` call ``sandbox/fleet.py`` (the one mechanism of the
   demo and the Molecule scenarios) with ``--host NAME:PROFILE:PORT``; ``fleet_up`` returns
-  each host's connection details (``fleet.py up --json``);
+  each host's connection details (``fleet.py up --json``); ``hosts_cpu_seconds`` reads the
+  CPU time the hosts' containers used, from their cgroups;
 - inventory: ``ssh_vars`` connects like ``inventories/sandbox`` does (SSH to 127.0.0.1:<port>
   as the sandbox user with sudo, the sandbox key pair, host key checking on);
 - playbooks: ``run_playbook`` times one ``ansible-playbook`` run from the project root
-  with the project's ``ansible.cfg``; ``changed_count`` and ``recap`` read its output.
+  with the project's ``ansible.cfg`` and takes its CPU time on the controller;
+  ``changed_count``, ``task_count`` and ``recap`` read its output.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 import time
@@ -30,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 ENV = dict(os.environ, CONTAINERS_CONF=str(ROOT / "sandbox" / "podman" / "containers.conf"))
 # The sandbox's groups (and so inventories/sandbox/group_vars), as a second inventory source.
 SANDBOX_GROUPS = ROOT / "inventories" / "sandbox" / "groups.yml"
+CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
 # --------------------------------------------------------------------------- hosts
@@ -73,6 +77,37 @@ def podman_exec(container: str, *argv: str, check: bool = False) -> str:
     return proc.stdout if proc.returncode == 0 else ""
 
 
+def hosts_cpu_seconds(containers: Iterable[str]) -> float | None:
+    """CPU time (user + system, seconds) these hosts' containers have used since they started, from
+    each container's cgroup (``podman inspect``'s ``CgroupPath``): cgroup v2's ``cpu.stat``, else
+    v1's ``cpuacct.usage``. None when one of them cannot be read (a host that is down, another
+    cgroup layout): a figure for some of the hosts would be a wrong figure for all of them."""
+    names = list(containers)
+    if not names:
+        return 0.0
+    proc = subprocess.run(
+        ["podman", "inspect", "--format", "{{.State.CgroupPath}}", *names],
+        capture_output=True, text=True, check=False, env=ENV,
+    )  # fmt: skip
+    paths = proc.stdout.split()
+    if proc.returncode != 0 or len(paths) != len(names):
+        return None
+    total = 0.0
+    for path in paths:
+        v2 = CGROUP_ROOT / path.lstrip("/") / "cpu.stat"
+        v1 = CGROUP_ROOT / "cpuacct" / path.lstrip("/") / "cpuacct.usage"
+        if v2.is_file():
+            usage = re.search(r"^usage_usec (\d+)$", v2.read_text(), re.M)
+            if not usage:
+                return None
+            total += int(usage.group(1)) / 1e6
+        elif v1.is_file():
+            total += int(v1.read_text()) / 1e9
+        else:
+            return None
+    return total
+
+
 # --------------------------------------------------------------------------- inventory
 
 
@@ -104,12 +139,14 @@ def write_json(path: Path, data: object) -> Path:
 
 @dataclass
 class Run:
-    """One timed ansible-playbook run."""
+    """One timed ansible-playbook run; ``cpu_seconds``: the CPU time (user + system) of
+    ansible-playbook and of the processes it waited for (its forks, ssh), on the controller."""
 
     seconds: float
     rc: int
     stdout: str
     stderr: str
+    cpu_seconds: float = 0.0
 
     @property
     def output(self) -> str:
@@ -134,14 +171,24 @@ def run_playbook(
 ) -> Run:
     """Run ansible-playbook from the project root (its ansible.cfg applies); only the run itself is timed."""
     cmd = playbook_cmd(playbook, inventories, *extra)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.monotonic()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False, env=dict(env or ENV))
-    return Run(time.monotonic() - start, proc.returncode, proc.stdout, proc.stderr)
+    seconds = time.monotonic() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return Run(seconds, proc.returncode, proc.stdout, proc.stderr, cpu)
 
 
 def changed_count(output: str) -> int:
     """The sum of ``changed=N`` over the PLAY RECAP lines of a run's output."""
     return sum(int(n) for n in re.findall(r"\bchanged=(\d+)", output))
+
+
+def task_count(output: str) -> int:
+    """The tasks a run ran, summed over its hosts: ok + failed + skipped of each PLAY RECAP line."""
+    counts = re.findall(r"\bok=(\d+)\s+changed=\d+\s+unreachable=\d+\s+failed=(\d+)\s+skipped=(\d+)", output)
+    return sum(int(ok) + int(failed) + int(skipped) for ok, failed, skipped in counts)
 
 
 def recap(output: str) -> str:

@@ -10,16 +10,23 @@ removed and N are created afresh (creation is not timed), then
 
 - first run on the N bare rigs: wall time, and for the first row the time of each stage
   (from the run's report, reports/ JSON ``stage_seconds``);
-- no-op rerun on the same N rigs: wall time and the changed count (0 expected);
+- no-op rerun on the same N rigs: wall time, the changed count (0 expected) and the CPU it
+  took: the controller's (ansible-playbook and what it waited for) and the rigs' (their
+  containers' cgroups), and the controller's CPU per task per rig (the tasks of the rerun's
+  PLAY RECAP: ok + failed + skipped, over its rigs), the figure docs/fleet-scale.md's
+  calculator takes as --cpu-per-task;
 
 and at the end the ratio of the largest fleet's no-op rerun to the smallest's (the goal
-for 4 rigs against 1: at most 1.5x). The rigs of the last row stay up unless ``--down``.
+for 4 rigs against 1: at most 1.5x), beside the floor this machine sets: the sandbox rigs
+share the controller's cores, so the largest rerun's CPU spread over every core is the
+least wall time it can take. The rigs of the last row stay up unless ``--down``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -39,7 +46,8 @@ def inventory(hosts: list[dict]) -> dict:
     return sb.inventory("gpu-rigs", hosts, {"gpu_topology_expected_gpus": 8, **served})
 
 
-def site(workdir: Path, limit: str) -> dict:
+def site(workdir: Path, limit: str, containers: list[str]) -> dict:
+    hosts_before = sb.hosts_cpu_seconds(containers)
     run = sb.run_playbook(
         "site.yml",
         [workdir / "inventory.json", sb.SANDBOX_GROUPS],
@@ -52,7 +60,16 @@ def site(workdir: Path, limit: str) -> dict:
     report = json.loads(report_file.read_text()) if report_file.exists() else {"hosts": []}
     if run.rc != 0:
         print(run.output[-4000:], file=sys.stderr)
-    return {"seconds": round(run.seconds, 1), "rc": run.rc, "changed": sb.changed_count(run.output), "report": report}
+    hosts_after = sb.hosts_cpu_seconds(containers)
+    rigs_cpu = None if hosts_before is None or hosts_after is None else round(hosts_after - hosts_before, 1)
+    return {
+        "seconds": round(run.seconds, 1),
+        "rc": run.rc,
+        "changed": sb.changed_count(run.output),
+        "tasks": sb.task_count(run.output),
+        "cpu": {"controller": round(run.cpu_seconds, 1), "rigs": rigs_cpu},
+        "report": report,
+    }
 
 
 def bare_rigs(size: int) -> list[dict]:
@@ -71,31 +88,48 @@ def measure(sizes: list[int], workdir: Path) -> dict:
         hosts = bare_rigs(size)
         sb.write_json(workdir / "inventory.json", inventory(hosts))
         limit = ",".join(h["instance"] for h in hosts)
-        first = site(workdir, limit)
-        rerun = site(workdir, limit)
+        containers = [h["container"] for h in hosts]
+        first = site(workdir, limit, containers)
+        rerun = site(workdir, limit, containers)
         results["sizes"][size] = {
             "first": {k: first[k] for k in ("seconds", "rc", "changed")},
-            "rerun": {k: rerun[k] for k in ("seconds", "rc", "changed")},
+            "rerun": {k: rerun[k] for k in ("seconds", "rc", "changed", "tasks", "cpu")},
         }
         if size == sizes[0]:
             results["stages"] = {h["host"]: h.get("stage_seconds", {}) for h in first["report"]["hosts"]}
         if first["rc"] or rerun["rc"]:
             break
-    ratio = rerun_ratio(results["sizes"])
+    ratio = rerun_ratio(results["sizes"], os.cpu_count() or 1)
     if ratio:
         results["rerun_ratio"] = ratio
     return results
 
 
-def rerun_ratio(sizes: dict) -> dict | None:
-    """No-op rerun of the largest fleet over that of the smallest, when both ran cleanly."""
+def cpu_total(rerun: dict) -> float | None:
+    """The rerun's CPU seconds, controller and rigs together; None when the rigs' could not be read."""
+    cpu = rerun.get("cpu") or {}
+    if cpu.get("rigs") is None:
+        return None
+    return cpu["controller"] + cpu["rigs"]
+
+
+def rerun_ratio(sizes: dict, cores: int) -> dict | None:
+    """No-op rerun of the largest fleet over that of the smallest, when both ran cleanly, and the
+    floor of that ratio on this machine: the largest rerun's CPU time spread over ``cores`` (the
+    rigs run on the controller's cores), over the smallest rerun's wall time."""
     ok = {n: r for n, r in sizes.items() if r["first"]["rc"] == 0 and r["rerun"]["rc"] == 0}
     if len(ok) < 2:
         return None
     small, large = min(ok, key=int), max(ok, key=int)
     base = ok[small]["rerun"]["seconds"]
     value = round(ok[large]["rerun"]["seconds"] / base, 2) if base else None
-    return {"rigs": int(large), "against": int(small), "value": value}
+    out = {"rigs": int(large), "against": int(small), "value": value, "cores": cores}
+    cpu = cpu_total(ok[large]["rerun"])
+    if cpu is not None and base:
+        out["cpu_seconds"] = round(cpu, 1)
+        out["floor_seconds"] = round(cpu / cores, 1)
+        out["floor"] = round(cpu / cores / base, 2)
+    return out
 
 
 def _rigs(n: int) -> str:
@@ -106,14 +140,26 @@ def format_results(results: dict) -> str:
     lines = ["main job (site.yml -l gpu-rigs) on sandbox rigs, profile rtx5090x8, cpu vLLM, tiny model"]
     for host, stages in results.get("stages", {}).items():
         lines.append(f"  first run per stage on {host}: " + ", ".join(f"{k} {v:.1f}s" for k, v in stages.items()))
-    lines.append(f"  {'rigs':>4}  {'first run':>10}  {'no-op rerun':>12}  {'rerun changed':>13}")
+    lines.append(
+        f"  {'rigs':>4}  {'first run':>10}  {'no-op rerun':>12}  {'rerun changed':>13}  "
+        f"{'rerun CPU: controller + rigs':>28}"
+    )
     for size, r in results["sizes"].items():
         note = "" if r["first"]["rc"] == 0 and r["rerun"]["rc"] == 0 else "  (failed, see above)"
+        cpu = r["rerun"].get("cpu") or {}
+        rigs = "?" if cpu.get("rigs") is None else f"{cpu['rigs']:.1f}s"
+        spent = f"{cpu['controller']:.1f}s + {rigs}" if cpu else "-"
         lines.append(
             f"  {size:>4}  {r['first']['seconds']:>9.1f}s  {r['rerun']['seconds']:>11.1f}s  "
-            f"{r['rerun']['changed']:>13}{note}"
+            f"{r['rerun']['changed']:>13}  {spent:>28}{note}"
         )
     lines.append("  (each row starts from that many bare rigs, created afresh)")
+    for size, r in results["sizes"].items():
+        cpu, tasks = (r["rerun"].get("cpu") or {}).get("controller"), r["rerun"].get("tasks")
+        if cpu is not None and tasks:
+            lines.append(
+                f"  controller CPU per task per rig, rerun of {_rigs(size)}: {cpu / tasks:.3f}s ({tasks} host tasks)"
+            )
     ratio = results.get("rerun_ratio")
     if ratio and ratio["value"] is not None:
         line = f"  no-op rerun, {_rigs(ratio['rigs'])} / {_rigs(ratio['against'])}: {ratio['value']:.2f}x"
@@ -121,6 +167,12 @@ def format_results(results: dict) -> str:
             verdict = "met" if ratio["value"] <= RERUN_GOAL else "missed"
             line += f" (goal <= {RERUN_GOAL}x: {verdict})"
         lines.append(line)
+        if "floor" in ratio:
+            lines.append(
+                f"  floor on this machine: the rerun of {_rigs(ratio['rigs'])} took "
+                f"{ratio['cpu_seconds']:.1f} CPU-s, at least {ratio['floor_seconds']:.1f}s on "
+                f"its {ratio['cores']} cores shared with the rigs = {ratio['floor']:.2f}x"
+            )
     return "\n".join(lines)
 
 

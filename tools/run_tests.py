@@ -52,8 +52,8 @@ STAGES = ["lint", "unit", "image", "molecule", "integration"]
 # site and the unit tests sit where they balance the lanes (site needs its own hosts only;
 # the unit tests none). Scenarios not listed run at the end of the shorter lane.
 LANES = [
-    ["sandbox", "driver_topology", "vllm_runtime", "jetson", "site", "integration"],
-    ["model_weights", "fleet_cache", "vllm_service", "unit"],
+    ["sandbox", "driver_topology", "vllm_runtime", "jetson", "site"],
+    ["model_weights", "fleet_cache", "vllm_service", "unit", "integration"],
 ]
 # Budget of the whole run on 2 cores (issue: the suite budget).
 BUDGET_WARM_S = 35 * 60

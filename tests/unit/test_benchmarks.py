@@ -216,11 +216,14 @@ def fake_fleet(monkeypatch, site_rcs=None):
 
     rcs = iter(site_rcs or [])
 
-    def site(workdir, limit):
+    def site(workdir, limit, containers):
         rigs = limit.split(",")
+        assert containers == [f"rigops-{r}" for r in rigs]
         log.append(("site", rigs))
         report = {"hosts": [{"host": r, "stage_seconds": {"driver": 1.0}} for r in rigs]}
-        return {"seconds": 10.0 * len(rigs), "rc": next(rcs, 0), "changed": 0, "report": report}
+        cpu = {"controller": 5.0 * len(rigs), "rigs": 3.0 * len(rigs)}
+        return {"seconds": 10.0 * len(rigs), "rc": next(rcs, 0), "changed": 0, "tasks": 50 * len(rigs), "cpu": cpu,
+                "report": report}  # fmt: skip
 
     monkeypatch.setattr(sb, "fleet_down", fleet_down)
     monkeypatch.setattr(sb, "fleet_up", fleet_up)
@@ -240,6 +243,8 @@ def test_main_job_every_row_starts_from_n_fresh_bare_rigs(monkeypatch, tmp_path)
         assert upcall == ("up", [(n, "rtx5090x8", 2390 + i) for i, n in enumerate(names, 1)])
         assert first == rerun == ("site", names)
     assert list(results["sizes"]) == [1, 2, 4]
+    assert results["sizes"][4]["rerun"]["cpu"] == {"controller": 20.0, "rigs": 12.0}
+    assert results["sizes"][4]["rerun"]["tasks"] == 200
     assert results["stages"] == {"bench-mj-1": {"driver": 1.0}}
     written = json.loads((tmp_path / "inventory.json").read_text())
     assert list(written["gpu-rigs"]["hosts"]) == ["bench-mj-1", "bench-mj-2", "bench-mj-3", "bench-mj-4"]
@@ -254,34 +259,78 @@ def test_main_job_stops_after_a_failed_row(monkeypatch, tmp_path):
     assert [e for e in log if e[0] == "up"][-1][1][-1][0] == "bench-mj-2"
 
 
-def row(first, rerun, changed=0, rc=0):
+def row(first, rerun, changed=0, rc=0, cpu=(20.0, 6.0), tasks=250):
     return {
         "first": {"seconds": first, "rc": rc, "changed": 9},
-        "rerun": {"seconds": rerun, "rc": rc, "changed": changed},
-    }
+        "rerun": {"seconds": rerun, "rc": rc, "changed": changed, "tasks": tasks,
+                  "cpu": {"controller": cpu[0], "rigs": cpu[1]}},
+    }  # fmt: skip
 
 
 def test_main_job_rerun_ratio_and_table():
-    sizes = {1: row(276.7, 77.3), 2: row(300.2, 90.0), 4: row(400.0, 100.5)}
+    sizes = {1: row(276.7, 77.3), 2: row(300.2, 90.0), 4: row(400.0, 100.5, cpu=(80.5, 24.0))}
     results = {"sizes": sizes, "stages": {"bench-mj-1": {"driver": 38.44, "runtime": 136.7}}}
-    results["rerun_ratio"] = main_job.rerun_ratio(sizes)
-    assert results["rerun_ratio"] == {"rigs": 4, "against": 1, "value": 1.3}
+    results["rerun_ratio"] = main_job.rerun_ratio(sizes, cores=2)
+    # the floor: the 4-rig rerun's 104.5 CPU-s on 2 cores take at least 52.25 s, 0.68x the 1-rig rerun
+    assert results["rerun_ratio"] == {
+        "rigs": 4, "against": 1, "value": 1.3, "cores": 2, "cpu_seconds": 104.5, "floor_seconds": 52.2, "floor": 0.68,
+    }  # fmt: skip
     text = main_job.format_results(results)
     assert "  first run per stage on bench-mj-1: driver 38.4s, runtime 136.7s" in text
-    assert "  rigs   first run   no-op rerun  rerun changed" in text
-    assert "     4      400.0s        100.5s              0" in text
+    assert "  rigs   first run   no-op rerun  rerun changed  rerun CPU: controller + rigs" in text
+    assert "     4      400.0s        100.5s              0                 80.5s + 24.0s" in text
     assert "  no-op rerun, 4 rigs / 1 rig: 1.30x (goal <= 1.5x: met)" in text
+    assert "  controller CPU per task per rig, rerun of 1 rig: 0.080s (250 host tasks)" in text
+    assert "  floor on this machine: the rerun of 4 rigs took 104.5 CPU-s, at least 52.2s on its 2 cores" in text
     sizes[4] = row(400.0, 120.0)
-    results["rerun_ratio"] = main_job.rerun_ratio(sizes)
+    results["rerun_ratio"] = main_job.rerun_ratio(sizes, cores=2)
     assert "4 rigs / 1 rig: 1.55x (goal <= 1.5x: missed)" in main_job.format_results(results)
 
 
 def test_main_job_ratio_of_other_sizes_has_no_goal():
-    sizes = {1: row(1.0, 10.0), 2: row(1.0, 12.0)}
-    text = main_job.format_results({"sizes": sizes, "rerun_ratio": main_job.rerun_ratio(sizes)})
+    sizes = {1: row(1.0, 10.0), 2: row(1.0, 12.0, cpu=(30.0, None))}
+    text = main_job.format_results({"sizes": sizes, "rerun_ratio": main_job.rerun_ratio(sizes, cores=2)})
+    # the rigs' CPU could not be read: no floor, and the table says so
     assert text.splitlines()[-1] == "  no-op rerun, 2 rigs / 1 rig: 1.20x"
+    assert "30.0s + ?" in text
     assert "(failed, see above)" in main_job.format_results({"sizes": {1: row(1.0, 2.0, rc=1)}})
-    assert main_job.rerun_ratio({1: row(1.0, 2.0)}) is None
+    assert main_job.rerun_ratio({1: row(1.0, 2.0)}, cores=2) is None
+
+
+@pytest.mark.parametrize("layout", ["v1", "v2", "missing"])
+def test_hosts_cpu_seconds_reads_each_containers_cgroup(monkeypatch, tmp_path, layout):
+    paths = {"rigops-a": "/machine/libpod-aaa", "rigops-b": "/machine/libpod-bbb"}
+    for n, path in enumerate(paths.values(), 1):
+        if layout == "v1":
+            folder = tmp_path / "cpuacct" / path.lstrip("/")
+            folder.mkdir(parents=True)
+            (folder / "cpuacct.usage").write_text(f"{n * 1_500_000_000}\n")
+        elif layout == "v2" or n == 1:
+            folder = tmp_path / path.lstrip("/")
+            folder.mkdir(parents=True)
+            (folder / "cpu.stat").write_text(f"usage_usec {n * 2_000_000}\nuser_usec 1\nsystem_usec 1\n")
+    calls = []
+
+    def run(cmd, **kwargs):
+        calls.append(cmd)
+        return subprocess.CompletedProcess(cmd, 0, "\n".join(paths[c] for c in cmd[4:]) + "\n", "")
+
+    monkeypatch.setattr(sb, "CGROUP_ROOT", tmp_path)
+    monkeypatch.setattr(sb.subprocess, "run", run)
+    got = sb.hosts_cpu_seconds(["rigops-a", "rigops-b"])
+    assert calls == [["podman", "inspect", "--format", "{{.State.CgroupPath}}", "rigops-a", "rigops-b"]]
+    assert got == {"v1": 4.5, "v2": 6.0, "missing": None}[layout]
+    assert sb.hosts_cpu_seconds([]) == 0.0
+
+
+def test_task_count_sums_what_each_host_ran():
+    out = (
+        "PLAY RECAP ****\n"
+        "rig-a : ok=182  changed=0    unreachable=0    failed=0    skipped=67   rescued=0    ignored=0\n"
+        "rig-b : ok=100  changed=2    unreachable=0    failed=1    skipped=9    rescued=0    ignored=0\n"
+    )
+    assert sb.task_count(out) == 182 + 67 + 100 + 1 + 9
+    assert sb.task_count("no recap") == 0
 
 
 def test_main_job_arguments():

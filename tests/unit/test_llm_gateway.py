@@ -9,6 +9,8 @@
   accepts the set, and nginx serves it: routing by `model`, aliases with fallback and benching,
   401/403/404, rate limits, streaming, the key swap, the paths never exposed, the JSON access log,
   the gate module, and the config sets' tool putting the last good set back after a failed gate.
+- The whole role on a systemd host (install, the unit, run, gate, rerun, check mode, a change that
+  fails its gate rolled back) is Molecule's: molecule/vllm_service/tests/test_gateway.py.
 """
 
 from __future__ import annotations
@@ -556,22 +558,16 @@ PLAY = [
 ]
 
 
-def playbook(tmp, inv, *extra, play=None, env=None):
+def playbook(tmp, inv, *extra):
     (tmp / "inventory.yml").write_text(yaml.safe_dump(inv))
-    (tmp / "play.yml").write_text(yaml.safe_dump(play or PLAY))
-    env = dict(os.environ, **(env or {}), ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
+    (tmp / "play.yml").write_text(yaml.safe_dump(PLAY))
+    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
     proc = subprocess.run(
         [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(tmp / "inventory.yml"), str(tmp / "play.yml"),
          *extra],
         cwd=ROOT, capture_output=True, text=True, check=False, env=env, timeout=300,
     )  # fmt: skip
     return proc.returncode, proc.stdout + proc.stderr
-
-
-def recap(output):
-    m = re.search(r"^gw\s*:\s*ok=\d+\s+changed=(\d+)\s+unreachable=\d+\s+failed=(\d+)", output, re.M)
-    assert m, output[-3000:]
-    return int(m.group(1)), int(m.group(2))
 
 
 def tool(*args):
@@ -968,111 +964,6 @@ def test_the_config_sets_tool(tmp_path):
         assert all(f.stat().st_mode & 0o777 == 0o600 for f in (etc / folder).iterdir())
     assert sorted(p.name for p in etc.iterdir()) == ["last-good", "live", "rejected", "staging"]
     assert tool("bogus").returncode == 2
-
-
-# A stand-in for systemctl that drives nginx the way rigops-llm-gateway.service does (ExecStartPre
-# and ExecReload check the live set with nginx -t; start, HUP, quit), for the one unit of the test:
-# enough for ansible.builtin.systemd_service and the role's `systemctl is-active`.
-SYSTEMCTL = r"""#!/bin/bash
-unit=""; for arg in "${@:2}"; do case "$arg" in -*) ;; *) unit="${arg%.service}" ;; esac; done
-running() { [ -f "$SHIM_PID" ] && kill -0 "$(cat "$SHIM_PID")" 2>/dev/null; }
-enabled() { cat "$SHIM_STATE/enabled" 2>/dev/null || echo disabled; }
-ours() { [ "$unit" = "$SHIM_UNIT" ]; }
-case "$1" in
-  daemon-reload) echo daemon-reload >> "$SHIM_STATE/log" ;;
-  show)
-    if ! ours; then printf 'LoadState=not-found\nActiveState=inactive\n'; exit 0; fi
-    printf 'Id=%s.service\nLoadState=loaded\nUnitFileState=%s\n' "$unit" "$(enabled)"
-    if running; then printf 'ActiveState=active\nSubState=running\n'
-    else printf 'ActiveState=inactive\nSubState=dead\n'; fi ;;
-  is-enabled) ours || exit 1; enabled; [ "$(enabled)" = enabled ] ;;
-  enable) echo enabled > "$SHIM_STATE/enabled" ;;
-  disable) echo disabled > "$SHIM_STATE/enabled" ;;
-  is-active) if ours && running; then echo active; else echo inactive; exit 3; fi ;;
-  start) running && exit 0; echo start >> "$SHIM_STATE/log"
-         "$SHIM_NGINX" -t -q -c "$SHIM_CONF" && "$SHIM_NGINX" -c "$SHIM_CONF" ;;
-  reload) echo reload >> "$SHIM_STATE/log"
-          "$SHIM_NGINX" -t -q -c "$SHIM_CONF" && kill -HUP "$(cat "$SHIM_PID")" ;;
-  stop|restart) echo "$1" >> "$SHIM_STATE/log"
-          if running; then "$SHIM_NGINX" -c "$SHIM_CONF" -s quit
-            for _ in $(seq 100); do running || break; sleep 0.1; done; fi
-          [ "$1" = stop ] || { "$SHIM_NGINX" -t -q -c "$SHIM_CONF" && "$SHIM_NGINX" -c "$SHIM_CONF"; } ;;
-  *) echo "systemctl stand-in: $*" >&2; exit 1 ;;
-esac
-"""
-
-FULL_PLAY = [{"name": "llm_gateway, the whole role", "hosts": "gateways", "gather_facts": False,
-              "roles": [{"role": "llm_gateway"}]}]  # fmt: skip
-
-
-@needs_nginx
-@pytest.mark.skipif(os.geteuid() != 0, reason="the role makes root-owned folders and files: run as root")
-def test_the_whole_role_deploys_gates_reruns_and_rolls_back(upstreams, tmp_path):
-    """install, configure, run, with the unit driven by a systemctl stand-in: the first run starts the
-    gateway and gates it, a rerun and check mode change nothing, and a change that fails the gate is
-    rolled back to the last good set, which keeps serving."""
-    inv = prepared(tmp_path, upstreams)
-    host = inv["all"]["children"]["gateways"]["hosts"]["gw"]
-    service = f"rigops-llm-gateway-test-{os.getpid()}"
-    host.update({"llm_gateway_packages": [], "llm_gateway_disable_default_nginx": False, "llm_gateway_service": service,
-                 "llm_gateway_tool_dir": str(tmp_path / "tool"), "llm_gateway_systemd_dir": str(tmp_path / "systemd"),
-                 "llm_gateway_logrotate_dir": str(tmp_path / "logrotate"), "llm_gateway_gate_timeout": 10})  # fmt: skip
-    for folder in ("bin", "systemd", "logrotate", "shim"):
-        (tmp_path / folder).mkdir()
-    (tmp_path / "bin" / "systemctl").write_text(SYSTEMCTL)
-    (tmp_path / "bin" / "systemctl").chmod(0o755)
-    live = tmp_path / "etc" / "live" / "nginx.conf"
-    env = {"PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}", "SHIM_UNIT": service, "SHIM_NGINX": NGINX,
-           "SHIM_CONF": str(live), "SHIM_PID": str(tmp_path / "nginx.pid"),
-           "SHIM_STATE": str(tmp_path / "shim")}  # fmt: skip
-    shim_log = tmp_path / "shim" / "log"
-    port = host["llm_gateway_port"]
-    try:
-        rc, out = playbook(tmp_path, inv, play=FULL_PLAY, env=env)
-        assert rc == 0, out[-4000:]
-        assert shim_log.read_text().split() == ["daemon-reload", "start"]
-        active = subprocess.run([tmp_path / "bin" / "systemctl", "is-active", service], env={**os.environ, **env},
-                                capture_output=True, text=True, check=False)  # fmt: skip
-        assert active.stdout.strip() == "active"
-        assert "Run | Gate through the gateway on every name" in out
-        unit = (tmp_path / "systemd" / f"{service}.service").read_text()
-        assert f"ExecStart={NGINX} -c {live}" in unit and "ExecReload=/bin/kill -s HUP $MAINPID" in unit
-        good = (tmp_path / "etc" / "live" / "config_id").read_text().strip()
-        assert (tmp_path / "etc" / "last-good" / "config_id").read_text().strip() == good
-        summary = json.loads((tmp_path / "etc" / "summary.json").read_text())
-        assert summary["url"] == f"https://gw:{port}/v1" and summary["config_id"] == good
-        assert summary["clients"]["limited"] == ["tiny-a", "chat"] and summary["cert_pem"].startswith("-----BEGIN")
-        assert (tmp_path / "tool" / "rigops-llm-gateway-config").stat().st_mode & 0o777 == 0o755
-        for secret in [*KEYS.values(), *CLIENTS.values()]:
-            assert secret not in out and secret not in json.dumps(summary)
-        # a rerun and check mode change nothing, reload nothing, and gate again
-        for extra in ((), ("--check",)):
-            rc, out = playbook(tmp_path, inv, *extra, play=FULL_PLAY, env=env)
-            assert rc == 0, out[-4000:]
-            assert recap(out) == (0, 0), out[-4000:]
-            assert "ok: [gw]" in out.split("Run | Gate through the gateway on every name")[1][:400]
-        assert shim_log.read_text().split() == ["daemon-reload", "start"]
-        # nginx accepts this change, but the hosted provider refuses its key: the gate fails, the last good set
-        # comes back (reload) and keeps serving, the rejected one is kept
-        bad = copy.deepcopy(inv)
-        bad["all"]["children"]["gateways"]["hosts"]["gw"]["llm_gateway_remotes"][0]["key"] = "wrong-remote-key-01234567"
-        rc, out = playbook(tmp_path, bad, play=FULL_PLAY, env=env)
-        assert rc != 0
-        flat = " ".join(out.split())
-        assert "the gateway failed its gate" in flat and "big-r: chat completion: HTTP 401" in flat, out[-4000:]
-        assert "The last good config set is back in service" in flat
-        assert shim_log.read_text().split() == ["daemon-reload", "start", "reload", "reload"]
-        assert (tmp_path / "etc" / "live" / "config_id").read_text().strip() == good
-        rejected = (tmp_path / "etc" / "rejected" / "config_id").read_text().strip()
-        assert rejected != good and "wrong-remote-key" in (tmp_path / "etc" / "rejected" / "nginx.conf").read_text()
-        assert "wrong-remote-key" not in out
-        client = http.Client("127.0.0.1", port, server_name="127.0.0.1", ca_file=str(tmp_path / "etc/tls/cert.pem"))
-        http.wait_config(client, good, 10, interval=0.1)
-        status, _, body = client("POST", "/v1/chat/completions", headers={"Authorization": f"Bearer {CLIENTS['dev']}"},
-                                 body={"model": "big-r", "messages": []})  # fmt: skip
-        assert status == 200 and json.loads(body)["model"] == "big-r"
-    finally:
-        stop_nginx(live, tmp_path / "nginx.pid")
 
 
 # --------------------------------------------------------------------------- benchmarks/gateway.py (no host)

@@ -160,6 +160,16 @@ def test_gateway_service_files_and_modes(host):
     assert summary["clients"]["limited"] == ["tiny-a", "tiny"]
     assert set(summary["models"]) == set(SERVED) and summary["url"] == "https://127.0.0.1:8443/v1"
     assert summary["routes"]["tiny"] == ["vs-rig/alpha", "vs-rig/beta", "remote:standin"]
+    assert summary["config_id"] == config_id(host)
+    assert summary["cert_pem"].strip() == host.file(CA).content_string.strip()
+    for key in [*CLIENT_KEYS.values(), REMOTE_KEY]:
+        assert key not in json.dumps(summary)
+    # the unit checks the set before it starts and before a reload; the config tool is root's
+    unit = host.file("/etc/systemd/system/rigops-llm-gateway.service").content_string
+    assert f"ExecStart=/usr/sbin/nginx -c {ETC}/live/nginx.conf" in unit
+    assert f"ExecReload=/usr/sbin/nginx -t -q -c {ETC}/live/nginx.conf\nExecReload=/bin/kill -s HUP $MAINPID" in unit
+    tool = host.file("/usr/local/lib/rigops-llm-gateway/rigops-llm-gateway-config")
+    assert (tool.user, tool.group, tool.mode) == ("root", "root", 0o755)
 
 
 OPENAI = """
