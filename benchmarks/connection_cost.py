@@ -14,8 +14,8 @@ gathering) over each connection, for each host count:
   container as root);
 - ``ssh``: SSH to 127.0.0.1:<port> as the sandbox user, like inventories/sandbox, with the
   project's ansible.cfg (pipelining, ``ControlMaster=auto``, ``ControlPersist=120s``);
-- ``mitogen``: the same SSH connection under mitogen's ``mitogen_linear`` strategy, set up as
-  ``RIGOPS_MITOGEN=1 ./rigops ...`` sets it up (``enable_mitogen`` in ./rigops).
+- ``mitogen``: the same SSH connection under mitogen's ``mitogen_linear`` strategy
+  (strategy_plugins/), as ``RIGOPS_MITOGEN=1 ./rigops ...`` sets it up.
 
 Each measurement is one untimed warm-up run (the first run creates the files; it also
 opens SSH's ControlPersist master) and then one timed run that changes nothing: its wall
@@ -119,28 +119,25 @@ def inventory(connection: str, hosts: list[dict]) -> dict:
     return sb.inventory("bench", hosts, {"ansible_connection": "ssh"})
 
 
-def mitogen_strategy_dir() -> str | None:
-    """Mitogen's strategy plugins folder, as ./rigops's enable_mitogen finds it; None if not installed."""
-    spec = importlib.util.find_spec("ansible_mitogen")
-    if spec is None or not spec.origin:
-        return None
-    return str(Path(spec.origin).parent / "plugins" / "strategy")
+def mitogen_installed() -> bool:
+    """The mitogen package that strategy_plugins/mitogen_linear.py loads is importable."""
+    return importlib.util.find_spec("ansible_mitogen") is not None
 
 
-def environment(connection: str, base: dict[str, str] | None = None, strategy_dir: str | None = None) -> dict:
+def environment(connection: str, base: dict[str, str] | None = None) -> dict:
     env = {k: v for k, v in (sb.ENV if base is None else base).items() if k not in STRATEGY_VARS}
     env.update(ANSIBLE_CONFIG=str(sb.ROOT / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1")
     if connection == "mitogen":
-        env.update(ANSIBLE_STRATEGY_PLUGINS=strategy_dir or "", ANSIBLE_STRATEGY="mitogen_linear")
+        env.update(ANSIBLE_STRATEGY_PLUGINS=str(sb.ROOT / "strategy_plugins"), ANSIBLE_STRATEGY="mitogen_linear")
     return env
 
 
 # --------------------------------------------------------------------------- measuring, reporting
 
 
-def measure(connection: str, hosts: list[dict], count: int, workdir: Path, strategy_dir: str | None) -> dict:
+def measure(connection: str, hosts: list[dict], count: int, workdir: Path) -> dict:
     inv = sb.write_json(workdir / f"inventory-{connection}.json", inventory(connection, hosts))
-    env = environment(connection, strategy_dir=strategy_dir)
+    env = environment(connection)
     row = {"connection": connection, "hosts": len(hosts), "tasks": count}
     warm = sb.run_playbook(workdir / "bench.yml", [inv], env=env)
     if warm.rc != 0:
@@ -215,7 +212,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     names = [NAME.format(i) for i in range(1, args.sizes[-1] + 1)]
-    strategy_dir = mitogen_strategy_dir()
+    mitogen = mitogen_installed()
     rows: list[dict] = []
     try:
         hosts = sb.fleet_up((name, PROFILE, FIRST_PORT + i) for i, name in enumerate(names))
@@ -224,10 +221,10 @@ def main(argv: list[str] | None = None) -> int:
             (workdir / "bench.yml").write_text(playbook(args.tasks))
             for connection in args.connection_list:
                 for size in args.sizes:
-                    if connection == "mitogen" and strategy_dir is None:
+                    if connection == "mitogen" and not mitogen:
                         rows.append({"connection": connection, "hosts": size, "skipped": "mitogen not installed"})
                         continue
-                    rows.append(measure(connection, hosts[:size], args.tasks, workdir, strategy_dir))
+                    rows.append(measure(connection, hosts[:size], args.tasks, workdir))
     finally:
         if not args.keep:
             sb.fleet_down(names)
