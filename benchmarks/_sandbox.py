@@ -31,6 +31,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # Podman only with the project's settings (runc, ulimits), as ./rigops and sandbox/fleet.py run it.
 ENV = dict(os.environ, CONTAINERS_CONF=str(ROOT / "sandbox" / "podman" / "containers.conf"))
+# Connection settings a caller may have exported (RIGOPS_MITOGEN=1 ./rigops ...): a benchmark
+# drops them and sets its own, MITOGEN (the project's shim over mitogen's strategy) or none (SSH).
+STRATEGY_VARS = ("ANSIBLE_STRATEGY", "ANSIBLE_STRATEGY_PLUGINS")
+MITOGEN = {"ANSIBLE_STRATEGY": "mitogen_linear", "ANSIBLE_STRATEGY_PLUGINS": str(ROOT / "strategy_plugins")}
 # The sandbox's groups (and so inventories/sandbox/group_vars), as a second inventory source.
 SANDBOX_GROUPS = ROOT / "inventories" / "sandbox" / "groups.yml"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -164,6 +168,12 @@ def playbook_cmd(playbook: str | Path, inventories: Iterable[str | Path], *extra
     for inv in inventories:
         cmd += ["-i", str(inv)]
     return [*cmd, str(playbook), *extra]
+
+
+def connection_env(connection: str, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``base`` (default ENV) without the caller's strategy settings; with MITOGEN for "mitogen"."""
+    env = {k: v for k, v in (ENV if base is None else base).items() if k not in STRATEGY_VARS}
+    return {**env, **MITOGEN} if connection == "mitogen" else env
 
 
 def run_playbook(

@@ -50,8 +50,6 @@ LABELS = {
     "ssh": "SSH, pipelining, ControlPersist",
     "mitogen": "SSH + mitogen (mitogen_linear)",
 }
-# What the caller may have exported (RIGOPS_MITOGEN=1 ./rigops ...): each row sets its own.
-STRATEGY_VARS = ("ANSIBLE_STRATEGY", "ANSIBLE_STRATEGY_PLUGINS")
 
 
 # --------------------------------------------------------------------------- the play
@@ -125,10 +123,8 @@ def mitogen_installed() -> bool:
 
 
 def environment(connection: str, base: dict[str, str] | None = None) -> dict:
-    env = {k: v for k, v in (sb.ENV if base is None else base).items() if k not in STRATEGY_VARS}
+    env = sb.connection_env(connection, base)
     env.update(ANSIBLE_CONFIG=str(sb.ROOT / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0", ANSIBLE_NOCOLOR="1")
-    if connection == "mitogen":
-        env.update(ANSIBLE_STRATEGY_PLUGINS=str(sb.ROOT / "strategy_plugins"), ANSIBLE_STRATEGY="mitogen_linear")
     return env
 
 

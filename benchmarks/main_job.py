@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Wall time of the main job, `site.yml -l gpu-rigs`, first run and no-op rerun (printed, never asserted).
 
-    ./rigops benchmark main_job [--rigs 1,2,4] [--down] [--json]
+    ./rigops benchmark main_job [--rigs 1,2,4] [--mitogen] [--down] [--json]
 
 On sandbox rigs of its own (bench-mj-1..4, profile rtx5090x8, SSH ports 2391-2394), each
 serving what the sandbox's rig-5090 serves (inventories/sandbox/host_vars/rig-5090).
@@ -15,8 +15,11 @@ removed and N are created afresh (creation is not timed), then
   containers' cgroups), and the controller's CPU per task per rig (the tasks of the rerun's
   PLAY RECAP: ok + failed + skipped, over its rigs), the figure docs/fleet-scale.md's
   calculator takes as --cpu-per-task;
+- with ``--mitogen``, one more no-op rerun under mitogen's strategy (strategy_plugins/), the
+  same figures. The first run and the first rerun are over SSH, the default, whatever the
+  caller exported (the driver stage reboots the rigs: mitogen-hq/mitogen#1251);
 
-and at the end the ratio of the largest fleet's no-op rerun to the smallest's (the goal
+and at the end the ratio of the largest fleet's no-op rerun to the smallest's, per connection (the goal
 for 4 rigs against 1: at most 1.5x), beside the floor this machine sets: the sandbox rigs
 share the controller's cores, so the largest rerun's CPU spread over every core is the
 least wall time it can take. The rigs of the last row stay up unless ``--down``.
@@ -46,7 +49,7 @@ def inventory(hosts: list[dict]) -> dict:
     return sb.inventory("gpu-rigs", hosts, {"gpu_topology_expected_gpus": 8, **served})
 
 
-def site(workdir: Path, limit: str, containers: list[str]) -> dict:
+def site(workdir: Path, limit: str, containers: list[str], connection: str = "ssh") -> dict:
     hosts_before = sb.hosts_cpu_seconds(containers)
     run = sb.run_playbook(
         "site.yml",
@@ -55,6 +58,7 @@ def site(workdir: Path, limit: str, containers: list[str]) -> dict:
         limit,
         "-e",
         f"rigops_report_dir={workdir / 'reports'}",
+        env=sb.connection_env(connection),
     )
     report_file = workdir / "reports" / "latest.json"
     report = json.loads(report_file.read_text()) if report_file.exists() else {"hosts": []}
@@ -82,7 +86,12 @@ def bare_rigs(size: int) -> list[dict]:
     return sb.fleet_up((name, PROFILE, FIRST_PORT + i) for i, name in enumerate(NAMES[:size]))
 
 
-def measure(sizes: list[int], workdir: Path) -> dict:
+RERUN_KEYS = ("seconds", "rc", "changed", "tasks", "cpu")
+# the no-op reruns: result key, connection
+RERUNS = (("rerun", "SSH"), ("rerun_mitogen", "mitogen"))
+
+
+def measure(sizes: list[int], workdir: Path, mitogen: bool = False) -> dict:
     results: dict = {"sizes": {}}
     for size in sizes:
         hosts = bare_rigs(size)
@@ -91,17 +100,21 @@ def measure(sizes: list[int], workdir: Path) -> dict:
         containers = [h["container"] for h in hosts]
         first = site(workdir, limit, containers)
         rerun = site(workdir, limit, containers)
-        results["sizes"][size] = {
+        row = results["sizes"][size] = {
             "first": {k: first[k] for k in ("seconds", "rc", "changed")},
-            "rerun": {k: rerun[k] for k in ("seconds", "rc", "changed", "tasks", "cpu")},
+            "rerun": {k: rerun[k] for k in RERUN_KEYS},
         }
+        if mitogen and not (first["rc"] or rerun["rc"]):
+            again = site(workdir, limit, containers, "mitogen")
+            row["rerun_mitogen"] = {k: again[k] for k in RERUN_KEYS}
         if size == sizes[0]:
             results["stages"] = {h["host"]: h.get("stage_seconds", {}) for h in first["report"]["hosts"]}
-        if first["rc"] or rerun["rc"]:
+        if first["rc"] or rerun["rc"] or row.get("rerun_mitogen", {}).get("rc"):
             break
-    ratio = rerun_ratio(results["sizes"], os.cpu_count() or 1)
-    if ratio:
-        results["rerun_ratio"] = ratio
+    for key, _ in RERUNS:
+        ratio = rerun_ratio(results["sizes"], os.cpu_count() or 1, key)
+        if ratio:
+            results[f"{key}_ratio"] = ratio
     return results
 
 
@@ -113,18 +126,19 @@ def cpu_total(rerun: dict) -> float | None:
     return cpu["controller"] + cpu["rigs"]
 
 
-def rerun_ratio(sizes: dict, cores: int) -> dict | None:
-    """No-op rerun of the largest fleet over that of the smallest, when both ran cleanly, and the
-    floor of that ratio on this machine: the largest rerun's CPU time spread over ``cores`` (the
-    rigs run on the controller's cores), over the smallest rerun's wall time."""
-    ok = {n: r for n, r in sizes.items() if r["first"]["rc"] == 0 and r["rerun"]["rc"] == 0}
+def rerun_ratio(sizes: dict, cores: int, key: str = "rerun") -> dict | None:
+    """No-op rerun (``key``: "rerun", or "rerun_mitogen") of the largest fleet over that of the
+    smallest, when both ran cleanly, and the floor of that ratio on this machine: the largest
+    rerun's CPU time spread over ``cores`` (the rigs run on the controller's cores), over the
+    smallest rerun's wall time."""
+    ok = {n: r for n, r in sizes.items() if r["first"]["rc"] == 0 and r.get(key, {}).get("rc") == 0}
     if len(ok) < 2:
         return None
     small, large = min(ok, key=int), max(ok, key=int)
-    base = ok[small]["rerun"]["seconds"]
-    value = round(ok[large]["rerun"]["seconds"] / base, 2) if base else None
+    base = ok[small][key]["seconds"]
+    value = round(ok[large][key]["seconds"] / base, 2) if base else None
     out = {"rigs": int(large), "against": int(small), "value": value, "cores": cores}
-    cpu = cpu_total(ok[large]["rerun"])
+    cpu = cpu_total(ok[large][key])
     if cpu is not None and base:
         out["cpu_seconds"] = round(cpu, 1)
         out["floor_seconds"] = round(cpu / cores, 1)
@@ -134,6 +148,15 @@ def rerun_ratio(sizes: dict, cores: int) -> dict | None:
 
 def _rigs(n: int) -> str:
     return f"{n} rig" if n == 1 else f"{n} rigs"
+
+
+def _spent(rerun: dict) -> str:
+    """A rerun's CPU as 'controller + rigs' ('?' for rigs that could not be read)."""
+    cpu = rerun.get("cpu") or {}
+    if not cpu:
+        return "-"
+    rigs = "?" if cpu.get("rigs") is None else f"{cpu['rigs']:.1f}s"
+    return f"{cpu['controller']:.1f}s + {rigs}"
 
 
 def format_results(results: dict) -> str:
@@ -146,30 +169,39 @@ def format_results(results: dict) -> str:
     )
     for size, r in results["sizes"].items():
         note = "" if r["first"]["rc"] == 0 and r["rerun"]["rc"] == 0 else "  (failed, see above)"
-        cpu = r["rerun"].get("cpu") or {}
-        rigs = "?" if cpu.get("rigs") is None else f"{cpu['rigs']:.1f}s"
-        spent = f"{cpu['controller']:.1f}s + {rigs}" if cpu else "-"
         lines.append(
             f"  {size:>4}  {r['first']['seconds']:>9.1f}s  {r['rerun']['seconds']:>11.1f}s  "
-            f"{r['rerun']['changed']:>13}  {spent:>28}{note}"
+            f"{r['rerun']['changed']:>13}  {_spent(r['rerun']):>28}{note}"
         )
     lines.append("  (each row starts from that many bare rigs, created afresh)")
     for size, r in results["sizes"].items():
-        cpu, tasks = (r["rerun"].get("cpu") or {}).get("controller"), r["rerun"].get("tasks")
-        if cpu is not None and tasks:
+        if "rerun_mitogen" in r:
+            again = r["rerun_mitogen"]
+            note = "" if again["rc"] == 0 else "  (failed, see above)"
             lines.append(
-                f"  controller CPU per task per rig, rerun of {_rigs(size)}: {cpu / tasks:.3f}s ({tasks} host tasks)"
+                f"  no-op rerun under mitogen, {_rigs(size)}: {again['seconds']:.1f}s, changed {again['changed']}, "
+                f"CPU {_spent(again)}{note}"
             )
-    ratio = results.get("rerun_ratio")
-    if ratio and ratio["value"] is not None:
-        line = f"  no-op rerun, {_rigs(ratio['rigs'])} / {_rigs(ratio['against'])}: {ratio['value']:.2f}x"
+    for key, label in RERUNS:
+        what = "rerun" if key == "rerun" else f"{label} rerun"
+        for size, r in results["sizes"].items():
+            cpu, tasks = (r.get(key, {}).get("cpu") or {}).get("controller"), r.get(key, {}).get("tasks")
+            if cpu is not None and tasks:
+                per_task = f"{cpu / tasks:.3f}s ({tasks} host tasks)"
+                lines.append(f"  controller CPU per task per rig, {what} of {_rigs(size)}: {per_task}")
+    for key, label in RERUNS:
+        ratio = results.get(f"{key}_ratio")
+        if not ratio or ratio["value"] is None:
+            continue
+        what = "no-op rerun" if key == "rerun" else f"no-op rerun under {label}"
+        line = f"  {what}, {_rigs(ratio['rigs'])} / {_rigs(ratio['against'])}: {ratio['value']:.2f}x"
         if (ratio["rigs"], ratio["against"]) == (4, 1):
             verdict = "met" if ratio["value"] <= RERUN_GOAL else "missed"
             line += f" (goal <= {RERUN_GOAL}x: {verdict})"
         lines.append(line)
         if "floor" in ratio:
             lines.append(
-                f"  floor on this machine: the rerun of {_rigs(ratio['rigs'])} took "
+                f"  floor on this machine: the {what.removeprefix('no-op ')} of {_rigs(ratio['rigs'])} took "
                 f"{ratio['cpu_seconds']:.1f} CPU-s, at least {ratio['floor_seconds']:.1f}s on "
                 f"its {ratio['cores']} cores shared with the rigs = {ratio['floor']:.2f}x"
             )
@@ -179,6 +211,7 @@ def format_results(results: dict) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rigs", default="1,2,4", help=f"fleet sizes (default 1,2,4; at most {MAX_RIGS})")
+    parser.add_argument("--mitogen", action="store_true", help="one more no-op rerun, under mitogen's strategy")
     parser.add_argument("--down", action="store_true", help="remove the rigs at the end")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args(argv)
@@ -192,7 +225,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="rigops-bench-") as tmp:
-        results = measure(args.sizes, Path(tmp))
+        results = measure(args.sizes, Path(tmp), args.mitogen)
     if args.down:
         sb.fleet_down(NAMES)
     print(json.dumps(results, indent=2) if args.json else format_results(results))

@@ -216,14 +216,15 @@ def fake_fleet(monkeypatch, site_rcs=None):
 
     rcs = iter(site_rcs or [])
 
-    def site(workdir, limit, containers):
+    def site(workdir, limit, containers, connection="ssh"):
         rigs = limit.split(",")
         assert containers == [f"rigops-{r}" for r in rigs]
-        log.append(("site", rigs))
+        log.append(("site", rigs) if connection == "ssh" else ("site", rigs, connection))
         report = {"hosts": [{"host": r, "stage_seconds": {"driver": 1.0}} for r in rigs]}
-        cpu = {"controller": 5.0 * len(rigs), "rigs": 3.0 * len(rigs)}
-        return {"seconds": 10.0 * len(rigs), "rc": next(rcs, 0), "changed": 0, "tasks": 50 * len(rigs), "cpu": cpu,
-                "report": report}  # fmt: skip
+        scale = 1.0 if connection == "ssh" else 0.5
+        cpu = {"controller": 5.0 * len(rigs) * scale, "rigs": 3.0 * len(rigs) * scale}
+        return {"seconds": 10.0 * len(rigs) * scale, "rc": next(rcs, 0), "changed": 0, "tasks": 50 * len(rigs),
+                "cpu": cpu, "report": report}  # fmt: skip
 
     monkeypatch.setattr(sb, "fleet_down", fleet_down)
     monkeypatch.setattr(sb, "fleet_up", fleet_up)
@@ -248,6 +249,33 @@ def test_main_job_every_row_starts_from_n_fresh_bare_rigs(monkeypatch, tmp_path)
     assert results["stages"] == {"bench-mj-1": {"driver": 1.0}}
     written = json.loads((tmp_path / "inventory.json").read_text())
     assert list(written["gpu-rigs"]["hosts"]) == ["bench-mj-1", "bench-mj-2", "bench-mj-3", "bench-mj-4"]
+
+
+def test_main_job_mitogen_reruns_after_the_ssh_rerun_and_gets_its_own_ratio(monkeypatch, tmp_path):
+    log = fake_fleet(monkeypatch)
+    results = main_job.measure([1, 4], tmp_path, mitogen=True)
+    assert [e for e in log if e[0] == "site"] == [
+        ("site", ["bench-mj-1"]), ("site", ["bench-mj-1"]), ("site", ["bench-mj-1"], "mitogen"),
+        ("site", [f"bench-mj-{i}" for i in range(1, 5)]), ("site", [f"bench-mj-{i}" for i in range(1, 5)]),
+        ("site", [f"bench-mj-{i}" for i in range(1, 5)], "mitogen"),
+    ]  # fmt: skip
+    assert results["sizes"][4]["rerun_mitogen"]["cpu"] == {"controller": 10.0, "rigs": 6.0}
+    assert results["rerun_ratio"]["value"] == results["rerun_mitogen_ratio"]["value"] == 4.0
+    assert results["rerun_mitogen_ratio"]["cpu_seconds"] == 16.0
+    text = main_job.format_results(results)
+    assert "  no-op rerun under mitogen, 4 rigs: 20.0s, changed 0, CPU 10.0s + 6.0s" in text
+    assert "  controller CPU per task per rig, mitogen rerun of 4 rigs: 0.050s (200 host tasks)" in text
+    assert "  no-op rerun under mitogen, 4 rigs / 1 rig: 4.00x (goal <= 1.5x: missed)" in text
+    assert "  floor on this machine: the rerun under mitogen of 4 rigs took 16.0 CPU-s" in text
+
+
+def test_benchmarks_set_their_own_connection(monkeypatch):
+    """What the caller exported (RIGOPS_MITOGEN=1 ./rigops ...) never decides a row's connection."""
+    caller = {"PATH": "/bin", "ANSIBLE_STRATEGY": "mitogen_linear", "ANSIBLE_STRATEGY_PLUGINS": "/x"}
+    assert sb.connection_env("ssh", caller) == {"PATH": "/bin"}
+    mitogen = sb.connection_env("mitogen", caller)
+    assert mitogen["ANSIBLE_STRATEGY"] == "mitogen_linear"
+    assert mitogen["ANSIBLE_STRATEGY_PLUGINS"] == str(ROOT / "strategy_plugins")
 
 
 def test_main_job_stops_after_a_failed_row(monkeypatch, tmp_path):
@@ -336,6 +364,7 @@ def test_task_count_sums_what_each_host_ran():
 def test_main_job_arguments():
     assert main_job.parse_args([]).sizes == [1, 2, 4]
     assert main_job.parse_args(["--rigs", "4,1", "--down", "--json"]).sizes == [1, 4]
+    assert main_job.parse_args(["--mitogen"]).mitogen and not main_job.parse_args([]).mitogen
     for bad in (["--rigs", "5"], ["--rigs", "x"], ["--fresh"]):
         with pytest.raises(SystemExit):
             main_job.parse_args(bad)
@@ -418,9 +447,12 @@ def test_the_mitogen_strategy_loads_from_the_project_folder():
     spec = importlib.util.spec_from_file_location("shim", ROOT / "strategy_plugins" / "mitogen_linear.py")
     shim = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(shim)
+    import ansible_mitogen.affinity  # noqa: PLC0415 (what the shim changes)
     from ansible_mitogen.strategy import StrategyMixin  # noqa: PLC0415 (what the shim must hand over)
 
     assert issubclass(shim.StrategyModule, StrategyMixin)
+    # no CPU pinning: mitogen's FixedPolicy would put a 2-CPU controller's whole run on CPU 1
+    assert type(ansible_mitogen.affinity.policy) is ansible_mitogen.affinity.Policy
 
 
 def test_connection_cost_arguments(tmp_path):
