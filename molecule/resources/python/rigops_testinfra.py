@@ -81,8 +81,8 @@ def playbook_command(playbook, *args: str, linear: bool = False) -> tuple[list[s
     """The command and environment that run a playbook against the scenario's inventory, as
     Molecule's converge did (for a run in the background; ansible_playbook runs it and waits).
 
-    ``linear``: with Ansible's default strategy even when the suite runs under mitogen's
-    (RIGOPS_MITOGEN=1 ./rigops test), for a test of what a user's default run prints.
+    ``linear``: with Ansible's default strategy even in a scenario that runs under mitogen's
+    (.config/molecule/config.yml), for a test of what a user's default run prints.
     """
     inventory = Path(os.environ["MOLECULE_INVENTORY_FILE"]).parent
     cmd = [

@@ -2,7 +2,7 @@
 
 The main job's runtime, weights, services and health stages run on vs-rig at -vvv with both
 instances' keys from an ansible-vault file, with Ansible's default strategy (what a user's
-run prints) even when the suite runs under mitogen's (RIGOPS_MITOGEN=1). Then the keys are
+run prints), though the suite runs this scenario under mitogen's. Then the keys are
 searched for everywhere they must not be: the controller's output, the run's report, the rig's
 journal (modules log "Invoked with" and their arguments there), the rig's files outside the two
 key files, the process table and systemd's view of the units. And the keys still work: each
