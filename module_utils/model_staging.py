@@ -21,6 +21,7 @@ import json
 import os
 import pwd
 import shutil
+import ssl
 import stat
 from concurrent.futures import ThreadPoolExecutor
 
@@ -229,6 +230,13 @@ class CacheUnreachable(StageError):
     """The cache did not answer at all (a fallback to the hub may apply)."""
 
 
+def tls_failure(exc: Exception) -> str:
+    """Why TLS failed behind an open_url error (a certificate the host does not trust, another
+    name), or '' when exc is not a TLS failure."""
+    reason = exc.reason if isinstance(exc, URLError) else exc
+    return str(reason) if isinstance(reason, ssl.SSLError) else ""
+
+
 def cache_headers(params: dict) -> dict:
     token = params.get("cache_token") or ""
     return {"Authorization": f"Bearer {token}"} if token else {}
@@ -246,6 +254,15 @@ def cache_listing(params: dict, opener=None) -> tuple[str, list[dict]]:
     try:
         answer = (opener or urls_opener)(url, headers, params["timeout"])
     except (URLError, OSError, ValueError) as exc:
+        tls = tls_failure(exc)
+        if tls:
+            # not a dead cache: no fallback to the hub past a certificate that does not check out
+            raise StageError(
+                f"{where}: {url}: the cache's certificate is refused ({tls}). Nothing was changed. It must "
+                "name the host of model_weights_fleet_cache_url and be signed by a CA this host trusts "
+                "(a site's own CA: /usr/local/share/ca-certificates/, then update-ca-certificates)",
+                url=url,
+            ) from None
         raise CacheUnreachable(f"{where}: cannot reach {url} ({exc}); is the cache up?", url=url) from None
     landed = answer.get("url") or url
     why = endpoint_problem(landed, params["allow_http"])

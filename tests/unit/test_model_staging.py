@@ -591,8 +591,9 @@ class CacheServer:
     bytes of a body to send before the connection is cut (once, for the first file asked).
     """
 
-    def __init__(self, files, token=""):
+    def __init__(self, files, token="", tls=None):
         import http.server
+        import ssl
         import threading
 
         self.files, self.token, self.requests, self.cut = files, token, [], None
@@ -629,6 +630,11 @@ class CacheServer:
 
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        if tls:  # (certificate, key): HTTPS under the certificate's name
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*tls)
+            self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True)
+            self.url = f"https://localhost:{self.httpd.server_address[1]}"
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
     def close(self):
@@ -653,8 +659,8 @@ def cache(repo):
     servers = []
 
     def make(**kw):
-        token = kw.pop("token", "")
-        server = CacheServer(cache_files(repo, **kw), token=token)
+        token, tls = kw.pop("token", ""), kw.pop("tls", None)
+        server = CacheServer(cache_files(repo, **kw), token=token, tls=tls)
         servers.append(server)
         return server
 
@@ -664,7 +670,8 @@ def cache(repo):
 
 
 def cache_params(params, server, **over):
-    return params("huggingface", source="fleet_cache", revision="v1.0.0", cache_url=server.url, allow_http=True, **over)
+    over = {"allow_http": True, **over}
+    return params("huggingface", source="fleet_cache", revision="v1.0.0", cache_url=server.url, **over)
 
 
 def test_fleet_cache_pulls_every_file_verifies_marks_and_renames(params, repo, cache):
@@ -749,3 +756,51 @@ def test_fleet_cache_refusals_name_what_to_fix(params, cache, over, needle):
         ms.stage_model(p)
     assert needle in info.value.msg
     assert not Path(p["root"]).exists()
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory):
+    """(certificate, key) of a self-signed certificate for localhost, made by openssl."""
+    import subprocess
+
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+         "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost", "-days", "2",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return str(cert), str(key)
+
+
+def test_fleet_cache_over_https_pulls_when_the_host_trusts_the_certificate(params, cache, certificate, monkeypatch):
+    server = cache(tls=certificate)
+    monkeypatch.setenv("SSL_CERT_FILE", certificate[0])  # the host's store holds the site's CA
+    p = cache_params(params, server, allow_http=False)
+    result = ms.stage_model(p)
+    assert result["staged"] and result["changed"] and server.url.startswith("https://")
+    assert json.loads((final_dir(p) / mw.MARKER).read_text())["source"] == "fleet_cache"
+
+
+def test_fleet_cache_certificate_not_trusted_is_refused_named_and_never_falls_back(params, cache, certificate):
+    server = cache(tls=certificate)
+    hub_asked = []
+    p = cache_params(params, server, allow_http=False, fallback_to_hub=True)
+    with pytest.raises(ms.StageError) as info:
+        ms.stage_model(p, opener=lambda *a: hub_asked.append(a))
+    msg = info.value.msg
+    assert f"fleet cache ({server.url}): {server.url}/index.json: the cache's certificate is refused" in msg
+    assert "CERTIFICATE_VERIFY_FAILED" in msg and "update-ca-certificates" in msg
+    assert not hub_asked and not Path(p["root"]).exists() and not server.requests, msg
+
+
+def test_tls_failure_tells_a_certificate_from_a_dead_cache():
+    import ssl
+    from urllib.error import URLError
+
+    refused = ssl.SSLCertVerificationError(1, "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed")
+    assert "CERTIFICATE_VERIFY_FAILED" in ms.tls_failure(URLError(refused))
+    assert ms.tls_failure(ssl.SSLError(1, "[SSL: WRONG_VERSION_NUMBER] wrong version number"))
+    assert ms.tls_failure(URLError(ConnectionRefusedError(111, "Connection refused"))) == ""
+    assert ms.tls_failure(OSError("timed out")) == ""

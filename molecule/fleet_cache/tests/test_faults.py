@@ -1,4 +1,5 @@
-"""Failure paths, after the end-state tests: a file corrupted on the cache is refused by the rig
+"""Failure paths, after the end-state tests: a rig that does not trust the cache's certificate
+refuses it (named, nothing changed, no fallback), a file corrupted on the cache is refused by the rig
 (named, nothing in place), and the cache stopped mid-pull fails clearly and the next run resumes.
 The last case leaves the cache slowed down (fleet_cache_limit_rate): nothing runs after it."""
 
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.changes_state
 
 CONVERGE = Path(__file__).resolve().parents[1] / "converge.yml"
 STORE = "/srv/rigops/cache/models"
-CACHE_URL = "http://rigops-fc-cache:8081"
+CACHE_URL = "https://rigops-fc-cache:8081"
 
 
 def get(name):
@@ -34,6 +35,22 @@ def weights(*args):
     """The converge's rig play, model_weights only, on fc-rig1; (rc, output with whitespace collapsed)."""
     rc, out = ansible_playbook(CONVERGE, "-l", "fc-rig1", "--tags", "model_weights", *args)
     return rc, " ".join(out.split()), out
+
+
+def test_a_rig_without_the_sites_ca_refuses_the_cache_named_and_changes_nothing():
+    rig = get("fc-rig1")
+    ca = "/usr/local/share/ca-certificates/rigops-fc-scenario-ca.crt"
+    models = "find /srv/rigops/models /etc/rigops/models.json -printf '%p %s %T@\\n' | sort"
+    before = rig.check_output(models)
+    rig.check_output(f"mv {ca} /root/ca.crt && update-ca-certificates --fresh >/dev/null")
+    try:
+        rc, out, raw = weights("-e", "model_weights_fleet_cache_fallback_to_hub=true")
+        assert rc != 0 and recap(raw, "fc-rig1")["changed"] == 0, out[-3000:]
+        assert f"{CACHE_URL}/index.json: the cache's certificate is refused" in out, out[-3000:]
+        assert "CERTIFICATE_VERIFY_FAILED" in out and "update-ca-certificates" in out
+        assert rig.check_output(models) == before
+    finally:
+        rig.check_output(f"mv /root/ca.crt {ca} && update-ca-certificates >/dev/null")
 
 
 def test_a_file_corrupted_on_the_cache_is_refused_named_and_nothing_moves_into_place():
@@ -87,7 +104,7 @@ def test_the_cache_stopped_mid_pull_fails_clearly_and_the_next_run_resumes():
         out = proc.communicate(timeout=300)[0]
         assert proc.returncode != 0
         flat = " ".join(out.split())
-        assert "after 3 attempts from the fleet cache http://rigops-fc-cache:8081" in flat, flat[-3000:]
+        assert f"after 3 attempts from the fleet cache {CACHE_URL}" in flat, flat[-3000:]
         assert "a rerun resumes it" in flat
         kept = rig.run(f"find {partial} -name '*.part' -size +10k").stdout.split()
         assert kept and not rig.file(f"/srv/rigops/models/{folder}").exists

@@ -10,7 +10,7 @@ import testinfra
 from rigops_testinfra import ansible_playbook, ansible_playbooks, recap
 
 HUB = "http://127.0.0.1:18090"
-CACHE = "http://rigops-fc-cache:8081"
+CACHE = "https://rigops-fc-cache:8081"
 TOKEN = "fc-sandbox-token-4b1d"
 STORE = "/srv/rigops/cache"
 MODELS = {("huggingface", "Qwen/Qwen3.5-9B-Instruct", "v1.0.0"), ("modelscope", "Qwen/Qwen3.5-9B", "master")}
@@ -65,9 +65,27 @@ def test_nginx_serves_reads_only_with_the_token_for_models_and_open_wheels():
     assert curl(rig, "/wheels/cpu/requirements.lock", "-r 0-9", "-o /dev/null")[0] == 206
 
 
-def test_the_token_is_in_no_file_nginx_users_read_and_in_no_argv():
+def test_the_cache_speaks_only_tls_under_the_sites_certificate():
+    rig = get("fc-rig1")
+    # the rig checks the chain against its system store, where the site's CA is (prepare.yml)
+    shown = rig.check_output(
+        "openssl s_client -connect rigops-fc-cache:8081 -servername rigops-fc-cache -verify_return_error"
+        " </dev/null 2>&1"
+    )
+    assert "Verify return code: 0 (ok)" in shown and "rigops fleet_cache scenario CA" in shown, shown[-2000:]
+    plain = CACHE.replace("https:", "http:")
+    plain = rig.check_output(f"curl -sS --noproxy '*' -o /dev/null -w '%{{http_code}}' {plain}/index.json")
+    assert plain == "400"  # nginx: a plain HTTP request sent to the HTTPS port
+    # a host without the site's CA refuses the cache (curl's "unable to get local issuer certificate")
+    assert get("fc-cache").run(f"curl -sS --noproxy '*' {CACHE}/index.json").rc == 60
+
+
+def test_the_token_and_the_tls_key_are_in_no_file_nginx_users_read_and_in_no_argv():
     cache = get("fc-cache")
     assert cache.file("/etc/nginx/rigops-fleet-cache").mode == 0o700
+    key = cache.file("/etc/nginx/rigops-fleet-cache/key.pem")
+    assert key.user == "root" and key.mode == 0o600 and "PRIVATE KEY" in key.content_string
+    assert "PRIVATE KEY" not in cache.file("/etc/nginx/sites-available/rigops-fleet-cache.conf").content_string
     assert TOKEN not in cache.file("/etc/nginx/sites-available/rigops-fleet-cache.conf").content_string
     assert TOKEN not in cache.check_output("ps -eo args")
 
