@@ -14,9 +14,19 @@ For each fleet size, the real role stages the sharded tiny model (Hugging Face s
   host pulls the files from it in parallel. Its hub bytes are the fill's, counted once.
 
 It prints the bytes the hub sent (from its request log: file downloads only) and the wall
-time of the playbook. Hosts are sandbox containers of its own (``bench-mw1..8`` on SSH
-ports 2355-2358 and 2365-2368, profile ``nogpu``, made with sandbox/fleet.py). Instead of the whole vLLM
-runtime they get only the hub clients from the sandbox wheelhouse (installed once on the
+time of the playbook.
+
+With the fleet_cache path it then measures what one host's pull from the cache can carry
+(``--pull-mb``, default 512; 0 skips it): a file of that size, random bytes, on the cache
+host's store, pulled by the role's own code on the hosts (``model_staging.cache_pull``, then the
+sha256 check ``model_weights.verify_files`` runs, both run by the host's python from a copy of
+Ansible's module_utils and the project's), first by one host, then by N at once for each fleet
+size. Its figure for one host is ``cache_pull`` in docs/fleet-scale-inputs.yml: the code's rate on
+this machine's CPU over the podman network, where cache and hosts share 2 cores, not a LAN's.
+
+Hosts are sandbox containers of its own (``bench-mw1..8`` on SSH ports 2355-2358 and
+2365-2368, profile ``nogpu``, made with sandbox/fleet.py). Instead of the whole vLLM runtime
+they get only the hub clients from the sandbox wheelhouse (installed once on the
 controller with pip --target, copied in, run by the host's python through a wrapper).
 The staged models live in ``/srv/rigops-bench/models``, removed before each run. The hub
 stand-in is shared: another test downloading at the same time inflates the byte count.
@@ -41,6 +51,20 @@ VENV = "/opt/rigops-bench/hubclients"
 PORTS = [2355, 2356, 2357, 2358, 2365, 2366, 2367, 2368]
 CACHE = ("bench-mwc", "nogpu", 2369)
 CACHE_URL = "http://rigops-bench-mwc:8081"
+PULL_DIR = "/opt/rigops-bench/pull"  # on the hosts: Ansible's module_utils with the project's
+PULL_STORE = "/srv/rigops/cache/models/_bench"  # on the cache host, served under /models/_bench/
+PULL_SCRIPT = """
+import json, os, sys, time
+from ansible.module_utils.model_staging import cache_pull
+from ansible.module_utils.model_weights import verify_files
+url, size, sha256, folder = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+start = time.time()
+why = cache_pull(url, os.path.join(folder, "pull.bin"), size, {}, 120)
+pulled = time.time()
+check = verify_files(folder, [{"path": "pull.bin", "size": size, "sha256": sha256}], full=True)
+done = time.time()
+print(json.dumps({"error": why, "ok": check["ok"], "start": start, "pulled": pulled, "done": done}))
+"""
 PATHS = ("hub", "controller", "fleet_cache")
 MODEL_ID = "Qwen/Qwen3.5-9B-Instruct"
 PLAYBOOK = """---
@@ -110,6 +134,100 @@ def fill_cache(workdir: Path, cache: dict) -> dict:
     return {"seconds": round(proc.seconds, 1), "rc": proc.rc, "hub_bytes": sum(e["bytes"] or 0 for e in files)}
 
 
+def prepare_pull(containers: list[str]) -> None:
+    """The pull code on each host: Ansible's module_utils (open_url) and the project's, as a module gets them."""
+    import ansible.module_utils
+
+    ansible_utils = Path(ansible.module_utils.__file__).parent
+    for container in containers:
+        podman_exec(container, "rm", "-rf", PULL_DIR, check=True)
+        podman_exec(container, "mkdir", "-p", f"{PULL_DIR}/ansible", check=True)
+        podman_exec(container, "touch", f"{PULL_DIR}/ansible/__init__.py", check=True)
+        subprocess.run(
+            ["podman", "cp", str(ansible_utils), f"{container}:{PULL_DIR}/ansible/module_utils"], check=True, env=ENV
+        )
+        for name in ("model_staging.py", "model_weights.py"):
+            source = sb.ROOT / "module_utils" / name
+            subprocess.run(
+                ["podman", "cp", str(source), f"{container}:{PULL_DIR}/ansible/module_utils/{name}"],
+                check=True,
+                env=ENV,
+            )
+
+
+def pull_once(container: str, size: int, sha256: str) -> dict:
+    folder = "/srv/rigops-bench/pull"
+    podman_exec(container, "rm", "-rf", folder)
+    out = podman_exec(
+        container, "env", f"PYTHONPATH={PULL_DIR}", "python3", "-c", PULL_SCRIPT,
+        f"{CACHE_URL}/models/_bench/pull.bin", str(size), sha256, folder, check=True,
+    )  # fmt: skip
+    podman_exec(container, "rm", "-rf", folder)
+    r = json.loads(out)
+    if r["error"] or not r["ok"]:
+        raise RuntimeError(f"{container}: the pull failed: {r}")
+    return r
+
+
+def measure_pull(cache: dict, hosts: list[dict], sizes: list[int], megabytes: int) -> dict:
+    """One host's pull from the cache, then N hosts' at once: seconds and Gbit/s per host and in all."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    size = megabytes << 20
+    podman_exec(cache["container"], "mkdir", "-p", PULL_STORE, check=True)
+    podman_exec(cache["container"], "sh", "-c", f"head -c {size} /dev/urandom > {PULL_STORE}/pull.bin", check=True)
+    podman_exec(cache["container"], "chmod", "-R", "a+rX", PULL_STORE, check=True)
+    sha256 = podman_exec(cache["container"], "sha256sum", f"{PULL_STORE}/pull.bin", check=True).split()[0]
+    prepare_pull([h["container"] for h in hosts[: max(sizes)]])
+    rows = []
+    try:
+        for n in sizes:
+            with ThreadPoolExecutor(max_workers=n) as pool:
+                each = list(pool.map(lambda h: pull_once(h["container"], size, sha256), hosts[:n]))
+            rows.append(pull_row(size, each))
+    finally:
+        podman_exec(cache["container"], "rm", "-rf", PULL_STORE)
+    return {"megabytes": megabytes, "rows": rows}
+
+
+def pull_row(size: int, each: list[dict]) -> dict:
+    """The figures of N hosts' pulls of ``size`` bytes at once, from each host's own clock (start, pulled,
+    done: seconds since the epoch; the hosts share the machine's clock): a host's rate is its bytes
+    over its own pull + sha256 time, all hosts' is their bytes from the first start to the last end
+    (Gbit/s, 10^9 bits); podman exec's own start-up is outside both."""
+    per_host = [size * 8 / (r["done"] - r["start"]) / 1e9 for r in each]
+    wall = max(r["done"] for r in each) - min(r["start"] for r in each)
+    return {
+        "hosts": len(each),
+        "wall_s": round(wall, 2),
+        "pull_s": round(max(r["pulled"] - r["start"] for r in each), 2),
+        "verify_s": round(max(r["done"] - r["pulled"] for r in each), 2),
+        "host_gbps_min": round(min(per_host), 2),
+        "host_gbps_max": round(max(per_host), 2),
+        "all_gbps": round(len(each) * size * 8 / wall / 1e9, 2),
+    }
+
+
+def format_pull(pull: dict) -> list[str]:
+    lines = [
+        f"  cache pull: a {pull['megabytes']} MiB file from the fleet cache's nginx, by model_staging.cache_pull"
+        " then model_weights' sha256 check, on N hosts at once",
+        f"  {'hosts':>5}  {'wall s':>7}  {'pull s':>7}  {'sha256 s':>8}  {'Gbit/s per host':>15}"
+        f"  {'Gbit/s in all':>13}",
+    ]
+    for r in pull["rows"]:
+        spread = f"{r['host_gbps_min']:.2f}-{r['host_gbps_max']:.2f}" if r["hosts"] > 1 else f"{r['host_gbps_min']:.2f}"
+        lines.append(
+            f"  {r['hosts']:>5}  {r['wall_s']:>7.2f}  {r['pull_s']:>7.2f}  {r['verify_s']:>8.2f}  {spread:>15}"
+            f"  {r['all_gbps']:>13.2f}"
+        )
+    lines.append(
+        "  (wall s: first start to last end on the hosts' clock; pull s, sha256 s: the slowest host's;"
+        " per host: its bytes over its own pull + sha256 time)"
+    )
+    return lines
+
+
 def run(workdir: Path, hosts: list[dict], path: str) -> dict:
     (workdir / "inventory.json").write_text(inventory(hosts, path))
     cache = workdir / "controller-cache"
@@ -143,6 +261,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hosts", default="1,2,4,8", help=f"fleet sizes (default 1,2,4,8; at most {len(PORTS)})")
     parser.add_argument("--paths", default=",".join(PATHS), help=f"paths to measure (default {','.join(PATHS)})")
+    parser.add_argument(
+        "--pull-mb", type=int, default=512, help="size of the file of the cache pull measurement (default 512; 0: skip)"
+    )
     parser.add_argument("--down", action="store_true", help="remove the benchmark hosts at the end")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args()
@@ -156,7 +277,9 @@ def main() -> int:
     hosts = [(f"bench-mw{i + 1}", "nogpu", PORTS[i]) for i in range(max(sizes))]
     details = sb.fleet_up(hosts + ([CACHE] if "fleet_cache" in paths else []))
     cache, details = (details[-1], details[:-1]) if "fleet_cache" in paths else (None, details)
-    results, fill = [], None
+    if args.pull_mb < 0:
+        parser.error("--pull-mb: a size in MiB, 0 to skip")
+    results, fill, pull = [], None, None
     with tempfile.TemporaryDirectory(prefix="rigops-bench-mw-") as tmp:
         workdir = Path(tmp)
         clients = hub_clients(workdir)
@@ -169,15 +292,17 @@ def main() -> int:
             for path in paths:
                 r = run(workdir, details[:n], path)
                 results.append({"hosts": n, "path": path, **r})
+        if cache and args.pull_mb:
+            pull = measure_pull(cache, details, sizes, args.pull_mb)
     for d in details:
-        podman_exec(d["container"], "rm", "-rf", "/srv/rigops-bench")
+        podman_exec(d["container"], "rm", "-rf", "/srv/rigops-bench", PULL_DIR)
     if args.down:
         sb.fleet_down([h[0] for h in hosts] + ([CACHE[0]] if cache else []))
     one = {r["path"]: r["seconds"] for r in results if r["hosts"] == 1}
     for r in results:
         r["vs_one_host"] = round(r["seconds"] / one[r["path"]], 2) if one.get(r["path"]) else None
     if args.json:
-        print(json.dumps({"cache_fill": fill, "runs": results}, indent=2))
+        print(json.dumps({"cache_fill": fill, "runs": results, "cache_pull": pull}, indent=2))
     else:
         print(f"model_weights: {MODEL_ID}@main (sharded tiny model) staged on N sandbox hosts")
         if fill:
@@ -188,6 +313,8 @@ def main() -> int:
             row = f"  {r['hosts']:>5}  {r['path']:>11}  {r['hub_bytes']:>10}  {r['hub_file_gets']:>9}"
             ratio = f"{r['vs_one_host']:.2f}x" if r["vs_one_host"] else "-"
             print(f"{row}  {r['seconds']:>7.1f}  {ratio:>9}  {r['rc']}")
+        if pull:
+            print("\n".join(format_pull(pull)))
     return 0 if all(r["rc"] == 0 for r in results) and (fill is None or fill["rc"] == 0) else 1
 
 

@@ -159,6 +159,20 @@ def test_model_weights_inventory():
     assert model_weights.CACHE[2] not in model_weights.PORTS and len(set(model_weights.PORTS)) == 8
 
 
+def test_model_weights_cache_pull_figures_per_host_and_in_all():
+    gib = 1 << 30
+    each = [{"start": 100.0, "pulled": 101.5, "done": 102.0}, {"start": 100.2, "pulled": 103.2, "done": 104.2}]
+    row = model_weights.pull_row(gib, each)
+    assert row["hosts"] == 2 and row["pull_s"] == 3.0 and row["verify_s"] == 1.0 and row["wall_s"] == 4.2
+    # each host: 8 * 2^30 bits over its own 2 s and 4 s; in all: twice that from 100.0 to 104.2
+    assert (row["host_gbps_max"], row["host_gbps_min"], row["all_gbps"]) == (4.29, 2.15, 4.09)
+    text = "\n".join(model_weights.format_pull({"megabytes": 1024, "rows": [row]}))
+    assert "a 1024 MiB file" in text and "2.15-4.29" in text
+    # the code the hosts run is the role's: the script imports the pull and the check model_weights uses
+    assert "from ansible.module_utils.model_staging import cache_pull" in model_weights.PULL_SCRIPT
+    assert "verify_files(" in model_weights.PULL_SCRIPT
+
+
 def test_vllm_runtime_inventory():
     inv = json.loads(vllm_runtime.inventory(details(1, 2349, "bench-vr")[0]))
     assert inv == {"bench": {"hosts": {"bench-vr1": {**SSH_VARS, "ansible_port": 2349}}}}
