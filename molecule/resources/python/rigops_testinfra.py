@@ -77,12 +77,13 @@ def profile(platform):
     return yaml.safe_load((ROOT / "sandbox" / "profiles" / f"{platform['profile']}.yaml").read_text())
 
 
-def playbook_command(playbook, *args: str, linear: bool = False) -> tuple[list[str], dict[str, str]]:
+def playbook_command(playbook, *args: str, strategy: str = "") -> tuple[list[str], dict[str, str]]:
     """The command and environment that run a playbook against the scenario's inventory, as
     Molecule's converge did (for a run in the background; ansible_playbook runs it and waits).
 
-    ``linear``: with Ansible's default strategy even in a scenario that runs under mitogen's
-    (.config/molecule/config.yml), for a test of what a user's default run prints.
+    ``strategy``: "linear", Ansible's default, even in a scenario that runs under mitogen's
+    (.config/molecule/config.yml), for a test of what a user's default run prints;
+    "mitogen_linear", mitogen's (what RIGOPS_MITOGEN=1 runs), whatever the scenario runs under.
     """
     inventory = Path(os.environ["MOLECULE_INVENTORY_FILE"]).parent
     cmd = [
@@ -96,15 +97,17 @@ def playbook_command(playbook, *args: str, linear: bool = False) -> tuple[list[s
     ]
     # Molecule forces colour for its own runs; the recap lines are parsed, so none here
     env = dict(os.environ, ANSIBLE_FORCE_COLOR="false", ANSIBLE_NOCOLOR="true")
-    if linear:
+    if strategy == "linear":
         for var in ("ANSIBLE_STRATEGY", "ANSIBLE_STRATEGY_PLUGINS"):
             env.pop(var, None)
+    elif strategy:
+        env.update(ANSIBLE_STRATEGY=strategy, ANSIBLE_STRATEGY_PLUGINS=str(ROOT / "strategy_plugins"))
     return cmd, env
 
 
-def ansible_playbook(playbook, *args: str, linear: bool = False) -> tuple[int, str]:
+def ansible_playbook(playbook, *args: str, strategy: str = "") -> tuple[int, str]:
     """Run a playbook (see playbook_command); the exit code and the output (stdout and stderr together)."""
-    cmd, env = playbook_command(playbook, *args, linear=linear)
+    cmd, env = playbook_command(playbook, *args, strategy=strategy)
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
     return proc.returncode, proc.stdout + proc.stderr
 
