@@ -13,8 +13,11 @@ For each fleet size, the real role stages the sharded tiny model (Hugging Face s
   the real fleet_cache role with nginx) filled once from the hub before the runs; every
   host pulls the files from it in parallel. Its hub bytes are the fill's, counted once.
 
-It prints the bytes the hub sent (from its request log: file downloads only) and the wall
-time of the playbook.
+It prints the bytes the hub sent (from its request log: file downloads only), the wall
+time of the playbook against one host's, and the CPU the run took on this machine (the
+controller's, and the hosts', the hub stand-in's and the cache's containers') with the floor it
+sets: that CPU spread over the machine's cores, against one host's wall time, is the least the
+ratio can be here (the goal for the fleet_cache path: N hosts within 1.3x one host's).
 
 With the fleet_cache path it then measures what one host's pull from the cache can carry
 (``--pull-mb``, default 512; 0 skips it): a file of that size, random bytes, on the cache
@@ -36,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -208,6 +212,24 @@ def pull_row(size: int, each: list[dict]) -> dict:
     }
 
 
+def format_runs(results: list[dict], cores: int) -> list[str]:
+    lines = [
+        f"  {'hosts':>5}  {'path':>11}  {'hub bytes':>10}  {'file GETs':>9}  {'wall s':>7}  {'vs 1 host':>9}"
+        f"  {'CPU s':>6}  {'floor':>6}  rc"
+    ]
+    for r in results:
+        row = f"  {r['hosts']:>5}  {r['path']:>11}  {r['hub_bytes']:>10}  {r['hub_file_gets']:>9}"
+        ratio = f"{r['vs_one_host']:.2f}x" if r["vs_one_host"] else "-"
+        cpu = "?" if r.get("cpu_seconds") is None else f"{r['cpu_seconds']:.1f}"
+        floor = f"{r['floor']:.2f}x" if r.get("floor") is not None else "-"
+        lines.append(f"{row}  {r['seconds']:>7.1f}  {ratio:>9}  {cpu:>6}  {floor:>6}  {r['rc']}")
+    lines.append(
+        f"  (CPU s: the controller's and the containers' the run used; floor: that CPU over this machine's {cores}"
+        " cores, against one host's wall time: the least 'vs 1 host' can be here, the hosts sharing its cores)"
+    )
+    return lines
+
+
 def format_pull(pull: dict) -> list[str]:
     lines = [
         f"  cache pull: a {pull['megabytes']} MiB file from the fleet cache's nginx, by model_staging.cache_pull"
@@ -228,8 +250,17 @@ def format_pull(pull: dict) -> list[str]:
     return lines
 
 
-def run(workdir: Path, hosts: list[dict], path: str) -> dict:
+HUB_CONTAINER = "rigops-hub"
+
+
+def run(workdir: Path, hosts: list[dict], path: str, cache: dict | None = None) -> dict:
+    """One run of the role on ``hosts`` over ``path``: wall time, hub bytes, and the CPU it took on
+    this machine: the controller's (ansible-playbook and its forks) and the containers' it used
+    (the hosts, the hub stand-in, the fleet cache on its path)."""
     (workdir / "inventory.json").write_text(inventory(hosts, path))
+    containers = [h["container"] for h in hosts] + [HUB_CONTAINER]
+    if path == "fleet_cache" and cache:
+        containers.append(cache["container"])
     cache = workdir / "controller-cache"
     for d in hosts:
         podman_exec(d["container"], "rm", "-rf", BENCH_ROOT)
@@ -242,9 +273,11 @@ def run(workdir: Path, hosts: list[dict], path: str) -> dict:
         "model_weights_fleet_cache_url": CACHE_URL,
     }
     start_log = len(hub_log())
+    before = sb.hosts_cpu_seconds(containers)
     proc = sb.run_playbook(
         workdir / "bench.yml", [workdir / "inventory.json", sb.SANDBOX_GROUPS], "-e", json.dumps(variables)
     )
+    after = sb.hosts_cpu_seconds(containers)
     entries = hub_log()[start_log:]
     files = [e for e in entries if e["method"] == "GET" and e["repo"] == MODEL_ID and e["file"]]
     if proc.rc != 0:
@@ -254,7 +287,19 @@ def run(workdir: Path, hosts: list[dict], path: str) -> dict:
         "rc": proc.rc,
         "hub_bytes": sum(e["bytes"] or 0 for e in files),
         "hub_file_gets": len(files),
+        "cpu_seconds": None if before is None or after is None else round(proc.cpu_seconds + after - before, 1),
     }
+
+
+def add_ratios(results: list[dict], cores: int) -> None:
+    """Each run against one host's run of the same path (``vs_one_host``), and the least that ratio can
+    be on this machine (``floor``): the run's CPU spread over its ``cores``, which the sandbox hosts
+    share with the controller, over one host's wall time."""
+    one = {r["path"]: r["seconds"] for r in results if r["hosts"] == 1}
+    for r in results:
+        base = one.get(r["path"])
+        r["vs_one_host"] = round(r["seconds"] / base, 2) if base else None
+        r["floor"] = round(r["cpu_seconds"] / cores / base, 2) if base and r.get("cpu_seconds") is not None else None
 
 
 def main() -> int:
@@ -290,7 +335,7 @@ def main() -> int:
             fill = fill_cache(workdir, cache)
         for n in sizes:
             for path in paths:
-                r = run(workdir, details[:n], path)
+                r = run(workdir, details[:n], path, cache)
                 results.append({"hosts": n, "path": path, **r})
         if cache and args.pull_mb:
             pull = measure_pull(cache, details, sizes, args.pull_mb)
@@ -298,9 +343,7 @@ def main() -> int:
         podman_exec(d["container"], "rm", "-rf", "/srv/rigops-bench", PULL_DIR)
     if args.down:
         sb.fleet_down([h[0] for h in hosts] + ([CACHE[0]] if cache else []))
-    one = {r["path"]: r["seconds"] for r in results if r["hosts"] == 1}
-    for r in results:
-        r["vs_one_host"] = round(r["seconds"] / one[r["path"]], 2) if one.get(r["path"]) else None
+    add_ratios(results, os.cpu_count() or 1)
     if args.json:
         print(json.dumps({"cache_fill": fill, "runs": results, "cache_pull": pull}, indent=2))
     else:
@@ -308,11 +351,7 @@ def main() -> int:
         if fill:
             took = f"{fill['seconds']:.1f} s, rc {fill['rc']}"
             print(f"  fleet cache filled once from the hub: {fill['hub_bytes']} hub bytes, {took}")
-        print(f"  {'hosts':>5}  {'path':>11}  {'hub bytes':>10}  {'file GETs':>9}  {'wall s':>7}  {'vs 1 host':>9}  rc")
-        for r in results:
-            row = f"  {r['hosts']:>5}  {r['path']:>11}  {r['hub_bytes']:>10}  {r['hub_file_gets']:>9}"
-            ratio = f"{r['vs_one_host']:.2f}x" if r["vs_one_host"] else "-"
-            print(f"{row}  {r['seconds']:>7.1f}  {ratio:>9}  {r['rc']}")
+        print("\n".join(format_runs(results, os.cpu_count() or 1)))
         if pull:
             print("\n".join(format_pull(pull)))
     return 0 if all(r["rc"] == 0 for r in results) and (fill is None or fill["rc"] == 0) else 1

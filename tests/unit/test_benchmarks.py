@@ -159,6 +159,36 @@ def test_model_weights_inventory():
     assert model_weights.CACHE[2] not in model_weights.PORTS and len(set(model_weights.PORTS)) == 8
 
 
+def test_model_weights_ratio_and_floor_against_one_host_of_the_same_path():
+    runs = [
+        {
+            "hosts": 1,
+            "path": "fleet_cache",
+            "seconds": 10.0,
+            "cpu_seconds": 12.0,
+            "hub_bytes": 0,
+            "hub_file_gets": 0,
+            "rc": 0,
+        },
+        {
+            "hosts": 8,
+            "path": "fleet_cache",
+            "seconds": 30.0,
+            "cpu_seconds": 50.0,
+            "hub_bytes": 0,
+            "hub_file_gets": 0,
+            "rc": 0,
+        },
+        {"hosts": 8, "path": "hub", "seconds": 40.0, "cpu_seconds": None, "hub_bytes": 9, "hub_file_gets": 8, "rc": 0},
+    ]
+    model_weights.add_ratios(runs, 2)
+    # 8 hosts: 3.00x one host's 10 s; their 50 CPU-s take at least 25 s on 2 cores: a floor of 2.50x
+    assert (runs[1]["vs_one_host"], runs[1]["floor"]) == (3.0, 2.5)
+    assert runs[2]["vs_one_host"] is None and runs[2]["floor"] is None  # no 1-host run of that path
+    text = "\n".join(model_weights.format_runs(runs, 2))
+    assert "3.00x    50.0   2.50x  " in text and "machine's 2 cores" in text
+
+
 def test_model_weights_cache_pull_figures_per_host_and_in_all():
     gib = 1 << 30
     each = [{"start": 100.0, "pulled": 101.5, "done": 102.0}, {"start": 100.2, "pulled": 103.2, "done": 104.2}]

