@@ -795,6 +795,17 @@ def test_fleet_cache_certificate_not_trusted_is_refused_named_and_never_falls_ba
     assert not hub_asked and not Path(p["root"]).exists() and not server.requests, msg
 
 
+def test_fleet_cache_certificate_for_another_name_is_refused(params, cache, certificate, monkeypatch):
+    server = cache(tls=certificate)
+    monkeypatch.setenv("SSL_CERT_FILE", certificate[0])  # trusted, but made for localhost
+    url = server.url.replace("//localhost:", "//127.0.0.1:")
+    p = dict(cache_params(params, server, allow_http=False), cache_url=url)
+    with pytest.raises(ms.StageError) as info:
+        ms.stage_model(p)
+    assert f"{url}/index.json: the cache's certificate is refused" in info.value.msg
+    assert "mismatch" in info.value.msg and not Path(p["root"]).exists(), info.value.msg
+
+
 def test_tls_failure_tells_a_certificate_from_a_dead_cache():
     import ssl
     from urllib.error import URLError
