@@ -73,6 +73,7 @@ import os  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
 from ansible.module_utils.fleet_cache import (  # noqa: E402
+    PIP_ENVIRONMENT,
     check_files,
     layout,
     lock_hashes,
@@ -113,7 +114,7 @@ def main():
     downloaded = False
     if check["missing"]:
         argv = pip_download_argv(p["python"], p["lock"], p["index_url"], files_dir)
-        rc, out, err = module.run_command(argv, environ_update={"PIP_CONFIG_FILE": "/dev/null"})
+        rc, out, err = module.run_command(argv, environ_update=dict(PIP_ENVIRONMENT))
         if rc != 0:
             lines = [line for line in (err or out).splitlines() if line.strip()]
             module.fail_json(msg=f"fleet_cache: pip download from {p['index_url']} failed: {' '.join(lines[-3:])}")

@@ -120,6 +120,11 @@ def record(dest: str, lock_text: str, files: dict) -> None:
     os.rename(tmp, os.path.join(dest, RECORD))
 
 
+# Environment of the cache's pip runs: no pip.conf of the host counts, and an https index signed by
+# the site's own CA is trusted as the host trusts it (pip before 24.2 reads only its certifi bundle).
+PIP_ENVIRONMENT = {"PIP_CONFIG_FILE": "/dev/null", "PIP_CERT": "/etc/ssl/certs/ca-certificates.crt"}
+
+
 def pip_download_argv(python: str, lock_path: str, index_url: str, files_dir: str) -> list[str]:
     """The pip run that fetches the lock's wheels, each checked against its hash by pip itself.
 

@@ -77,3 +77,9 @@ def test_pip_downloads_every_wheel_against_its_hash_and_nothing_else():
     assert not [a for a in argv if a.startswith("--trusted-host")]
     http = fc.pip_download_argv("/py", "/lock", "http://mirror.lan:8070/simple", "/d/files")
     assert "--trusted-host=mirror.lan" in http
+
+
+def test_the_caches_pip_runs_read_no_pip_conf_and_trust_the_hosts_ca_bundle():
+    assert fc.PIP_ENVIRONMENT == {"PIP_CONFIG_FILE": "/dev/null", "PIP_CERT": "/etc/ssl/certs/ca-certificates.crt"}
+    install = (Path(__file__).resolve().parents[2] / "roles/fleet_cache/tasks/install.yml").read_text()
+    assert all(f"{k}: {v}" in install for k, v in fc.PIP_ENVIRONMENT.items())  # the hub clients' pip too
