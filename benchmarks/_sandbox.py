@@ -190,6 +190,12 @@ def run_playbook(
     return Run(seconds, proc.returncode, proc.stdout, proc.stderr, cpu)
 
 
+def cpu_floor(cpu_seconds: float, cores: int, base_seconds: float) -> float:
+    """The least a run's wall time can be against ``base_seconds`` on this machine: its CPU spread over
+    every core (the sandbox hosts share the controller's cores), as a ratio."""
+    return round(cpu_seconds / cores / base_seconds, 2)
+
+
 def changed_count(output: str) -> int:
     """The sum of ``changed=N`` over the PLAY RECAP lines of a run's output."""
     return sum(int(n) for n in re.findall(r"\bchanged=(\d+)", output))

@@ -142,7 +142,7 @@ def rerun_ratio(sizes: dict, cores: int, key: str = "rerun") -> dict | None:
     if cpu is not None and base:
         out["cpu_seconds"] = round(cpu, 1)
         out["floor_seconds"] = round(cpu / cores, 1)
-        out["floor"] = round(cpu / cores / base, 2)
+        out["floor"] = sb.cpu_floor(cpu, cores, base)
     return out
 
 

@@ -44,9 +44,11 @@ import subprocess
 import sys
 import tempfile
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import _sandbox as sb
+import ansible.module_utils
 from _sandbox import ENV, podman_exec
 
 HUB = "http://127.0.0.1:18090"
@@ -140,8 +142,6 @@ def fill_cache(workdir: Path, cache: dict) -> dict:
 
 def prepare_pull(containers: list[str]) -> None:
     """The pull code on each host: Ansible's module_utils (open_url) and the project's, as a module gets them."""
-    import ansible.module_utils
-
     ansible_utils = Path(ansible.module_utils.__file__).parent
     for container in containers:
         podman_exec(container, "rm", "-rf", PULL_DIR, check=True)
@@ -175,8 +175,6 @@ def pull_once(container: str, size: int, sha256: str) -> dict:
 
 def measure_pull(cache: dict, hosts: list[dict], sizes: list[int], megabytes: int) -> dict:
     """One host's pull from the cache, then N hosts' at once: seconds and Gbit/s per host and in all."""
-    from concurrent.futures import ThreadPoolExecutor
-
     size = megabytes << 20
     podman_exec(cache["container"], "mkdir", "-p", PULL_STORE, check=True)
     podman_exec(cache["container"], "sh", "-c", f"head -c {size} /dev/urandom > {PULL_STORE}/pull.bin", check=True)
@@ -253,14 +251,14 @@ def format_pull(pull: dict) -> list[str]:
 HUB_CONTAINER = "rigops-hub"
 
 
-def run(workdir: Path, hosts: list[dict], path: str, cache: dict | None = None) -> dict:
+def run(workdir: Path, hosts: list[dict], path: str, fleet_cache: dict | None = None) -> dict:
     """One run of the role on ``hosts`` over ``path``: wall time, hub bytes, and the CPU it took on
     this machine: the controller's (ansible-playbook and its forks) and the containers' it used
     (the hosts, the hub stand-in, the fleet cache on its path)."""
     (workdir / "inventory.json").write_text(inventory(hosts, path))
     containers = [h["container"] for h in hosts] + [HUB_CONTAINER]
-    if path == "fleet_cache" and cache:
-        containers.append(cache["container"])
+    if path == "fleet_cache" and fleet_cache:
+        containers.append(fleet_cache["container"])
     cache = workdir / "controller-cache"
     for d in hosts:
         podman_exec(d["container"], "rm", "-rf", BENCH_ROOT)
@@ -299,7 +297,7 @@ def add_ratios(results: list[dict], cores: int) -> None:
     for r in results:
         base = one.get(r["path"])
         r["vs_one_host"] = round(r["seconds"] / base, 2) if base else None
-        r["floor"] = round(r["cpu_seconds"] / cores / base, 2) if base and r.get("cpu_seconds") is not None else None
+        r["floor"] = sb.cpu_floor(r["cpu_seconds"], cores, base) if base and r.get("cpu_seconds") is not None else None
 
 
 def main() -> int:
@@ -316,14 +314,14 @@ def main() -> int:
         sizes = sb.parse_sizes(args.hosts, len(PORTS))
     except ValueError as exc:
         parser.error(f"--hosts: {exc}")
+    if args.pull_mb < 0:
+        parser.error("--pull-mb: a size in MiB, 0 to skip")
     paths = [p for p in args.paths.split(",") if p]
     if not paths or set(paths) - set(PATHS):
         parser.error(f"--paths: a comma-separated subset of {','.join(PATHS)}")
     hosts = [(f"bench-mw{i + 1}", "nogpu", PORTS[i]) for i in range(max(sizes))]
     details = sb.fleet_up(hosts + ([CACHE] if "fleet_cache" in paths else []))
     cache, details = (details[-1], details[:-1]) if "fleet_cache" in paths else (None, details)
-    if args.pull_mb < 0:
-        parser.error("--pull-mb: a size in MiB, 0 to skip")
     results, fill, pull = [], None, None
     with tempfile.TemporaryDirectory(prefix="rigops-bench-mw-") as tmp:
         workdir = Path(tmp)
