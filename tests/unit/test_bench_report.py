@@ -498,6 +498,53 @@ def test_sampler_records_an_unreachable_metrics_endpoint(tmp_path):
     assert bench_report.memory_stats(rows)["metrics_errors"] == len(met)
 
 
+class _SlowMetrics(_Metrics):
+    """/metrics of a server busy with the load: each answer takes longer than the sampling interval."""
+
+    delay = 0.5
+
+    def do_GET(self):  # noqa: N802
+        time.sleep(self.delay)
+        super().do_GET()
+
+
+def test_a_slow_metrics_endpoint_is_waited_for_and_the_memory_keeps_its_cadence(tmp_path):
+    """A scrape that takes 2.5 intervals is not cut off, and the memory samples go on every interval."""
+    _SlowMetrics.body = (FIX / "metrics" / "vllm-0.32.0-cpu-16-running.txt").read_bytes()
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _SlowMetrics)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}/metrics"
+        rows = run_sampler(tmp_path, "--memory", "proc", "--pid", str(server.pid), "--metrics-url", url, seconds=2.2)
+    finally:
+        server.kill()
+        server.wait()
+        srv.shutdown()
+        srv.server_close()
+    met = [r for r in rows if r["kind"] == "metrics"]
+    assert len(met) >= 3 and all("error" not in r and r["running"] == 16.0 for r in met), met
+    # one scrape per tick it did not overrun: no burst of catching up
+    assert len(met) <= 2.2 / _SlowMetrics.delay + 1
+    mem = [r for r in rows if r["kind"] == "memory"]
+    assert len(mem) >= 8, "a memory sample every 0.2 s while the scrapes wait"
+    assert rows[-1]["kind"] == "stop"
+
+
+def test_a_scrape_past_its_timeout_is_recorded_as_an_error(tmp_path):
+    _SlowMetrics.body = b""
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _SlowMetrics)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{srv.server_address[1]}/metrics"
+        rows = run_sampler(tmp_path, "--metrics-url", url, "--metrics-timeout", "0.2", seconds=1.2)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    met = [r for r in rows if r["kind"] == "metrics"]
+    assert met and all("timed out" in r["error"] for r in met), met
+
+
 def test_a_stop_file_already_there_stops_the_sampler_at_once(tmp_path):
     """The playbook may touch the stop file before the background sampler has even started (a step that
     failed at once): the sampler must then end, not run until --max-seconds."""

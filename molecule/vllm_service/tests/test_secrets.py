@@ -1,13 +1,13 @@
 """Keys set through the inventory (a vault file, the README's route) never leak.
 
-First an instance leaves the inventory (what of it stays, and where). Then the main job's
-runtime, weights, services and health stages run on vs-rig at -vvv with both
-instances' keys from an ansible-vault file, with Ansible's default strategy (what a user's
-run prints), then once more under mitogen's (RIGOPS_MITOGEN=1: mitogen logs its own way at
--vvv). Then the keys are searched for everywhere they must not be: both runs' controller output,
-the run's report, the rig's journal (modules log "Invoked with" and their arguments there), the
-rig's files outside the two key files, the process table and systemd's view of the units. And
-the keys still work: each instance answers its own key.
+First an instance leaves the inventory (what of it stays, and where). Then the main job's runtime,
+weights, services and health stages run on vs-rig at -vvv with both instances' keys from an
+ansible-vault file, with Ansible's default strategy (what a user's run prints), then the stages
+that handle the keys (services, health) once more under mitogen's (RIGOPS_MITOGEN=1: mitogen logs
+its own way at -vvv). Then the keys are searched for everywhere they must not be: both runs'
+controller output, the run's report, the rig's journal (modules log "Invoked with" and their
+arguments there), the rig's files outside the two key files, the process table and systemd's view
+of the units. And the keys still work: each instance answers its own key.
 """
 
 import json
@@ -72,11 +72,16 @@ def vault_run(tmp_path_factory):
     extra = folder / "instances.json"
     extra.write_text(json.dumps({"vllm_instances": instances, "rigops_report_dir": str(folder / "reports")}))
     args = (
-        "-l", "vs-rig", "--tags", "runtime,weights,services,health", "-vvv",
+        "-l", "vs-rig", "-vvv",
         "-e", f"@{secrets_file}", "-e", f"@{extra}", "--vault-password-file", str(password),
     )  # fmt: skip
-    rc, out = ansible_playbook(ROOT / "site.yml", *args, strategy="linear")
-    again = ansible_playbook(ROOT / "site.yml", *args, strategy="mitogen_linear") if rc == 0 else (None, "")
+    rc, out = ansible_playbook(ROOT / "site.yml", *args, "--tags", "runtime,weights,services,health", strategy="linear")
+    # mitogen's run: the stages that handle the keys (services writes them, health's gate uses them)
+    again = (
+        ansible_playbook(ROOT / "site.yml", *args, "--tags", "services,health", strategy="mitogen_linear")
+        if rc == 0
+        else (None, "")
+    )
     return rc, out, folder / "reports", again
 
 
