@@ -654,18 +654,23 @@ def install_hardware(host: Host) -> bool:
 
 
 def authorize(host: Host, pubkey: str) -> bool:
-    keys = f"/home/{SSH_USER}/.ssh/authorized_keys"
-    current = exec_in(host, "cat", keys, check=False).stdout
-    if current.strip() == pubkey.strip():
-        return False
-    exec_in(
-        host,
-        "sh",
-        "-c",
-        f"umask 077 && cat > {keys} && chown {SSH_USER}: {keys}",
-        stdin=pubkey,
-    )
-    return True
+    """The sandbox key for the SSH user (what Ansible logs in as, then sudo) and for root: the
+    verify steps' own access (molecule/resources/python/rigops_testinfra.py), as `podman exec`
+    gave it, without a sudo line per command in the host's journal."""
+    changed = False
+    for user, home in ((SSH_USER, f"/home/{SSH_USER}"), ("root", "/root")):
+        keys = f"{home}/.ssh/authorized_keys"
+        if exec_in(host, "cat", keys, check=False).stdout.strip() == pubkey.strip():
+            continue
+        exec_in(
+            host,
+            "sh",
+            "-c",
+            f"umask 077 && mkdir -p {home}/.ssh && cat > {keys} && chown -R {user}: {home}/.ssh",
+            stdin=pubkey,
+        )
+        changed = True
+    return changed
 
 
 def host_key(host: Host, timeout: float = 30) -> str:

@@ -10,8 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-import testinfra
-from rigops_testinfra import ansible_playbook, playbook_command, recap
+from rigops_testinfra import ansible_playbook, get_host, playbook_command, recap
 
 pytestmark = pytest.mark.changes_state
 
@@ -20,13 +19,9 @@ STORE = "/srv/rigops/cache/models"
 CACHE_URL = "https://rigops-fc-cache:8081"
 
 
-def get(name):
-    return testinfra.get_host(f"podman://rigops-{name}")
-
-
 def sharded():
     """The ModelScope model (three shards) in the cache's listing, and its folder on a rig."""
-    index = json.loads(get("fc-cache").file(f"{STORE}/index.json").content_string)
+    index = json.loads(get_host("fc-cache").file(f"{STORE}/index.json").content_string)
     m = next(m for m in index["models"] if m["hub"] == "modelscope")
     return m, f"modelscope/{m['id']}/{m['commit']}"
 
@@ -38,7 +33,7 @@ def weights(*args):
 
 
 def test_a_rig_without_the_sites_ca_refuses_the_cache_named_and_changes_nothing():
-    rig = get("fc-rig1")
+    rig = get_host("fc-rig1")
     ca = "/usr/local/share/ca-certificates/rigops-fc-scenario-ca.crt"
     models = "find /srv/rigops/models /etc/rigops/models.json -printf '%p %s %T@\\n' | sort"
     before = rig.check_output(models)
@@ -56,7 +51,7 @@ def test_a_rig_without_the_sites_ca_refuses_the_cache_named_and_changes_nothing(
 def test_a_file_corrupted_on_the_cache_is_refused_named_and_nothing_moves_into_place():
     m, folder = sharded()
     shard = next(f["path"] for f in m["files"] if f["path"].endswith("00001-of-00003.safetensors"))
-    cache, rig = get("fc-cache"), get("fc-rig1")
+    cache, rig = get_host("fc-cache"), get_host("fc-rig1")
     rig.check_output(f"rm -rf /srv/rigops/models/{folder}")
     cache.check_output(f"cp -p {STORE}/{folder}/{shard} /root/shard.good")
     # one byte flipped, same size: only the sha256 tells
@@ -81,7 +76,7 @@ def m_sha(m, path):
 
 def test_the_cache_stopped_mid_pull_fails_clearly_and_the_next_run_resumes():
     m, folder = sharded()
-    cache, rig = get("fc-cache"), get("fc-rig1")
+    cache, rig = get_host("fc-cache"), get_host("fc-rig1")
     partial = f"/srv/rigops/models/{folder}.partial"
     rig.check_output(f"rm -rf /srv/rigops/models/{folder} {partial}")
     # slow the cache down (the role's own setting) so that a pull is caught in the middle

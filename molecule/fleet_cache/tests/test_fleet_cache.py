@@ -6,8 +6,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-import testinfra
-from rigops_testinfra import ansible_playbook, ansible_playbooks, recap
+from rigops_testinfra import ansible_playbook, ansible_playbooks, get_host, recap
 
 HUB = "http://127.0.0.1:18090"
 CACHE = "https://rigops-fc-cache:8081"
@@ -18,12 +17,8 @@ RIGS = ["fc-rig1", "fc-rig2"]
 CONVERGE = Path(__file__).resolve().parents[1] / "converge.yml"
 
 
-def get(name):
-    return testinfra.get_host(f"podman://rigops-{name}")
-
-
 def address(name):
-    return get(name).check_output("hostname -I").split()[0]
+    return get_host(name).check_output("hostname -I").split()[0]
 
 
 def curl(host, path, *args):
@@ -35,11 +30,11 @@ def curl(host, path, *args):
 
 @pytest.fixture(scope="module")
 def index():
-    return json.loads(get("fc-cache").file(f"{STORE}/models/index.json").content_string)
+    return json.loads(get_host("fc-cache").file(f"{STORE}/models/index.json").content_string)
 
 
 def test_the_cache_lists_each_model_once_with_its_verified_files(index):
-    cache = get("fc-cache")
+    cache = get_host("fc-cache")
     assert {(m["hub"], m["id"], m["revision"]) for m in index["models"]} == MODELS
     for m in index["models"]:
         folder = f"{STORE}/models/{m['hub']}/{m['id']}/{m['commit']}"
@@ -49,8 +44,8 @@ def test_the_cache_lists_each_model_once_with_its_verified_files(index):
 
 
 def test_nginx_serves_reads_only_with_the_token_for_models_and_open_wheels():
-    rig = get("fc-rig1")
-    assert get("fc-cache").service("nginx").is_running and get("fc-cache").service("nginx").is_enabled
+    rig = get_host("fc-rig1")
+    assert get_host("fc-cache").service("nginx").is_running and get_host("fc-cache").service("nginx").is_enabled
     assert curl(rig, "/index.json")[0] == 401
     assert curl(rig, "/index.json", "-H 'Authorization: Bearer wrong'")[0] == 401
     status, body = curl(rig, "/index.json", f"-H 'Authorization: Bearer {TOKEN}'")
@@ -66,7 +61,7 @@ def test_nginx_serves_reads_only_with_the_token_for_models_and_open_wheels():
 
 
 def test_the_cache_speaks_only_tls_under_the_sites_certificate():
-    rig = get("fc-rig1")
+    rig = get_host("fc-rig1")
     # the rig checks the chain against its system store, where the site's CA is (prepare.yml)
     shown = rig.check_output(
         "openssl s_client -connect rigops-fc-cache:8081 -servername rigops-fc-cache -verify_return_error"
@@ -77,11 +72,11 @@ def test_the_cache_speaks_only_tls_under_the_sites_certificate():
     plain = rig.check_output(f"curl -sS --noproxy '*' -o /dev/null -w '%{{http_code}}' {plain}/index.json")
     assert plain == "400"  # nginx: a plain HTTP request sent to the HTTPS port
     # a host without the site's CA refuses the cache (curl's "unable to get local issuer certificate")
-    assert get("fc-cache").run(f"curl -sS --noproxy '*' {CACHE}/index.json").rc == 60
+    assert get_host("fc-cache").run(f"curl -sS --noproxy '*' {CACHE}/index.json").rc == 60
 
 
 def test_the_token_and_the_tls_key_are_in_no_file_nginx_users_read_and_in_no_argv():
-    cache = get("fc-cache")
+    cache = get_host("fc-cache")
     assert cache.file("/etc/nginx/rigops-fleet-cache").mode == 0o700
     key = cache.file("/etc/nginx/rigops-fleet-cache/key.pem")
     assert key.user == "root" and key.mode == 0o600 and "PRIVATE KEY" in key.content_string
@@ -92,7 +87,7 @@ def test_the_token_and_the_tls_key_are_in_no_file_nginx_users_read_and_in_no_arg
 
 @pytest.mark.parametrize("name", RIGS)
 def test_each_rig_holds_the_models_pulled_from_the_cache_verified(name, index):
-    rig = get(name)
+    rig = get_host(name)
     for m in index["models"]:
         folder = f"/srv/rigops/models/{m['hub']}/{m['id']}/{m['commit']}"
         marker = json.loads(rig.file(f"{folder}/.rigops-model.json").content_string)
@@ -108,12 +103,12 @@ def test_the_hub_saw_the_cache_only_one_download_per_file(index):
     with urllib.request.urlopen(HUB + "/_admin/log", timeout=10) as resp:
         log = json.loads(resp.read())
     rigs = {address(n) for n in RIGS}
-    assert not [e for e in log if e.get("address") in rigs]
+    assert not [e for e in log if e.get_host("address") in rigs]
     cache = address("fc-cache")
     files = [
         e
         for e in log
-        if e.get("address") == cache and e.get("file") and e["method"] == "GET" and e["status"] in (200, 206)
+        if e.get_host("address") == cache and e.get_host("file") and e["method"] == "GET" and e["status"] in (200, 206)
     ]
     per_file = {}
     for e in files:
@@ -123,11 +118,11 @@ def test_the_hub_saw_the_cache_only_one_download_per_file(index):
 
 
 def test_the_runtime_of_the_bare_rig_came_from_the_cache_hash_checked():
-    rig = get("fc-rig1")
+    rig = get_host("fc-rig1")
     release = rig.file("/opt/rigops/vllm/current").linked_to
     requirements = rig.file(f"{release}/requirements.txt").content_string
     assert "--hash=sha256:" in requirements and "torch==" in requirements
-    log = get("fc-cache").check_output("cat /var/log/nginx/rigops-fleet-cache.log")
+    log = get_host("fc-cache").check_output("cat /var/log/nginx/rigops-fleet-cache.log")
     mine = [line for line in log.splitlines() if line.startswith(address("fc-rig1") + " ")]
     assert any("/wheels/cpu/simple/torch/torch-" in line and '" 200 ' in line for line in mine), mine[-5:]
     assert any("/wheels/cpu/requirements.lock" in line for line in mine)
@@ -151,7 +146,7 @@ BAD = {
 @pytest.fixture(scope="module")
 def refused():
     """The bad inputs, run at once (each stops in the preflight), with the cache's files before and after."""
-    cache = get("fc-cache")
+    cache = get_host("fc-cache")
     files = ("/etc/nginx/sites-available/rigops-fleet-cache.conf", f"{STORE}/models/index.json")
     before = [cache.file(f).sha256sum for f in files]
     runs = ansible_playbooks({needle: (CONVERGE, "-l", "fc-cache", "-e", extra) for needle, extra in BAD.items()})

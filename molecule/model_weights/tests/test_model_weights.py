@@ -6,7 +6,7 @@ import urllib.request
 from collections import Counter
 from pathlib import Path
 
-import testinfra
+from rigops_testinfra import get_host
 
 HUB = "http://127.0.0.1:18090"
 ROOT = "/srv/rigops/models"
@@ -103,7 +103,7 @@ def test_root_owned_readable_by_the_service_group_only(host, hostname):
 
 def test_fleet_copy_is_identical_to_the_cache_hosts():
     """mw-rig2 got the fleet model from mw-rig1 (the first host needing it), byte for byte."""
-    rig1, rig2 = (testinfra.get_host(f"podman://rigops-{name}") for name in ("mw-rig1", "mw-rig2"))
+    rig1, rig2 = (get_host(name) for name in ("mw-rig1", "mw-rig2"))
     marker = f"{FLEET}/.rigops-model.json"
     assert json.loads(rig2.file(marker).content_string) == json.loads(rig1.file(marker).content_string)
     sums = [h.check_output(f"cd {FLEET} && sha256sum * | sort") for h in (rig1, rig2)]
