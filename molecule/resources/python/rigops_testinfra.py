@@ -75,15 +75,14 @@ def get_host(name: str):
     inst = found[0]
     options = (
         f"-o UserKnownHostsFile={inst['known_hosts']} -o StrictHostKeyChecking=yes -o IdentitiesOnly=yes "
-        "-o ServerAliveInterval=15 -o LogLevel=ERROR"
+        "-o ServerAliveInterval=15 -o LogLevel=ERROR "
+        # %C: a hash of the local host, remote host, port and user; short enough for a socket path
+        "-o ControlMaster=auto -o ControlPersist=120s -o ControlPath=/tmp/rigops-testinfra-%C"
     )
     return testinfra.get_host(
         f"ssh://root@{inst['address']}:{inst['port']}",
         ssh_identity_file=inst["identity_file"],
         ssh_extra_args=options,
-        # %C: a hash of the local host, remote host, port and user; short enough for a socket path
-        controlpath="/tmp/rigops-testinfra-%C",
-        controlpersist=120,
         timeout=60,
     )
 
