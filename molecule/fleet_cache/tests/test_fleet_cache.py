@@ -103,12 +103,12 @@ def test_the_hub_saw_the_cache_only_one_download_per_file(index):
     with urllib.request.urlopen(HUB + "/_admin/log", timeout=10) as resp:
         log = json.loads(resp.read())
     rigs = {address(n) for n in RIGS}
-    assert not [e for e in log if e.get_host("address") in rigs]
+    assert not [e for e in log if e.get("address") in rigs]
     cache = address("fc-cache")
     files = [
         e
         for e in log
-        if e.get_host("address") == cache and e.get_host("file") and e["method"] == "GET" and e["status"] in (200, 206)
+        if e.get("address") == cache and e.get("file") and e["method"] == "GET" and e["status"] in (200, 206)
     ]
     per_file = {}
     for e in files:
