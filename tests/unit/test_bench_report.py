@@ -7,6 +7,7 @@ The runs under tests/fixtures/bench/ are real: playbooks/bench.yml against a loc
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import importlib.machinery
 import importlib.util
@@ -421,14 +422,23 @@ class _Metrics(http.server.BaseHTTPRequestHandler):
         pass
 
 
+@contextlib.contextmanager
+def serving(handler):
+    """A /metrics stand-in on a free port with this handler; its URL."""
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}/metrics"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
 @pytest.fixture
 def metrics_server():
     _Metrics.body = (FIX / "metrics" / "vllm-0.32.0-cpu-16-running.txt").read_bytes()
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Metrics)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}/metrics"
-    srv.shutdown()
-    srv.server_close()
+    with serving(_Metrics) as url:
+        yield url
 
 
 def stand_in(tmp_path: Path, name: str, lines: list[str]) -> Path:
@@ -511,36 +521,28 @@ class _SlowMetrics(_Metrics):
 def test_a_slow_metrics_endpoint_is_waited_for_and_the_memory_keeps_its_cadence(tmp_path):
     """A scrape that takes 2.5 intervals is not cut off, and the memory samples go on every interval."""
     _SlowMetrics.body = (FIX / "metrics" / "vllm-0.32.0-cpu-16-running.txt").read_bytes()
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _SlowMetrics)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
     server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        url = f"http://127.0.0.1:{srv.server_address[1]}/metrics"
-        rows = run_sampler(tmp_path, "--memory", "proc", "--pid", str(server.pid), "--metrics-url", url, seconds=2.2)
+        with serving(_SlowMetrics) as url:
+            args = ("--memory", "proc", "--pid", str(server.pid), "--metrics-url", url)
+            rows = run_sampler(tmp_path, *args, seconds=2.2)
     finally:
         server.kill()
         server.wait()
-        srv.shutdown()
-        srv.server_close()
     met = [r for r in rows if r["kind"] == "metrics"]
     assert len(met) >= 3 and all("error" not in r and r["running"] == 16.0 for r in met), met
     # one scrape per tick it did not overrun: no burst of catching up
     assert len(met) <= 2.2 / _SlowMetrics.delay + 1
     mem = [r for r in rows if r["kind"] == "memory"]
-    assert len(mem) >= 8, "a memory sample every 0.2 s while the scrapes wait"
+    # every 0.2 s while the scrapes wait (~10; a loop waiting on each 0.5 s scrape makes ~4)
+    assert len(mem) >= 6, len(mem)
     assert rows[-1]["kind"] == "stop"
 
 
 def test_a_scrape_past_its_timeout_is_recorded_as_an_error(tmp_path):
     _SlowMetrics.body = b""
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _SlowMetrics)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{srv.server_address[1]}/metrics"
+    with serving(_SlowMetrics) as url:
         rows = run_sampler(tmp_path, "--metrics-url", url, "--metrics-timeout", "0.2", seconds=1.2)
-    finally:
-        srv.shutdown()
-        srv.server_close()
     met = [r for r in rows if r["kind"] == "metrics"]
     assert met and all("timed out" in r["error"] for r in met), met
 
