@@ -10,8 +10,9 @@
 Stages: image (sandbox host image, cached by recipe) first; then, side by side, lint
 (yamllint, ansible-lint profile production, ruff) and the lanes: unit (pytest tests/unit)
 and the sandbox stages: Molecule scenarios (each phase of Molecule's test sequence as read
-from .config/molecule/config.yml or the scenario's own molecule.yml is a step) and
-integration (pytest tests/integration). Lint needs no host: it runs while the lanes'
+from .config/molecule/config.yml or the scenario's own molecule.yml is a step; its destroy is
+the command molecule/resources/destroy.yml runs, and the leading ones are one step before
+the lanes) and integration (pytest tests/integration). Lint needs no host: it runs while the lanes'
 first scenarios make theirs.
 
 The sandbox stages and the unit tests run in two lanes at once (LANES): most of the
@@ -33,6 +34,7 @@ import datetime
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -59,6 +61,9 @@ LANES = [
 BUDGET_WARM_S = 35 * 60
 BUDGET_FRESH_S = 50 * 60
 TIMINGS_FILE = ROOT / "reports" / "test-timings.json"
+# Molecule's state of each scenario the runner runs (its instance config, inventory, created or
+# not), emptied at the start of a run: see clean_slate.
+MOLECULE_STATE = ROOT / "sandbox" / ".state" / "molecule"
 # lines worth repeating at the end when a step fails: CI shows only the tail of the output
 WHY = re.compile(r"fatal:|failed:|\[ERROR\]|ERROR|CRITICAL|Traceback|^E |FAILED|msg:|AssertionError|Error:")
 PRINT = threading.Lock()
@@ -70,6 +75,8 @@ class Step:
     name: str
     cmd: list[str]
     lane: int | None = None  # None: not in a lane (image before the lanes, lint beside them)
+    env: dict[str, str] = field(default_factory=dict)  # added to the run's environment
+    cleanup: bool = False  # runs even after a failure
     seconds: float = 0.0
     ok: bool | None = None  # None: not run
     why: list[str] = field(default_factory=list)
@@ -79,7 +86,7 @@ def run_step(step: Step, env: dict[str, str]) -> None:
     """Run one step; print its output whole when it ends (lanes run at once); keep why it failed."""
     start = time.monotonic()
     proc = subprocess.run(
-        step.cmd, check=False, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        step.cmd, check=False, cwd=ROOT, env={**env, **step.env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, errors="replace",
     )  # fmt: skip
     step.seconds = time.monotonic() - start
@@ -105,7 +112,8 @@ def molecule_phases(scenario: str) -> list[str]:
     """The scenario's test sequence (its molecule.yml, else the shared base), as commands.
 
     `molecule create` runs the prepare playbook too, so a `prepare` right after `create`
-    is not a command of its own.
+    is not a command of its own. The leading `destroy` (what an earlier, interrupted run left)
+    is done for every scenario at once by clean_slate.
     """
     base = yaml.safe_load((ROOT / ".config" / "molecule" / "config.yml").read_text())
     own = yaml.safe_load((ROOT / "molecule" / scenario / "molecule.yml").read_text()) or {}
@@ -115,7 +123,32 @@ def molecule_phases(scenario: str) -> list[str]:
         if phase == "prepare" and phases and phases[-1] == "create":
             continue
         phases.append(phase)
-    return phases
+    return phases[1:] if phases[:1] == ["destroy"] else phases
+
+
+def platforms(scenario: str) -> list[str]:
+    data = yaml.safe_load((ROOT / "molecule" / scenario / "molecule.yml").read_text()) or {}
+    return [p["name"] for p in data.get("platforms", [])]
+
+
+def remove_hosts(name: str, scenarios_: list[str]) -> Step:
+    """What molecule/resources/destroy.yml does (sandbox/fleet.py down of the scenarios' hosts), as
+    one command: `molecule destroy` adds a Molecule and an Ansible start, ~5 s, to each."""
+    hosts = [f"--host={host}" for scenario in scenarios_ for host in platforms(scenario)]
+    return Step("molecule", name, [sys.executable, "sandbox/fleet.py", "down", *hosts], cleanup=True)
+
+
+def clean_slate(chosen: list[str]) -> list[Step]:
+    """Each scenario's leading destroy, for all of them at once: the hosts an earlier (interrupted)
+    run left are removed and each scenario's Molecule state starts empty (the runner gives each
+    scenario its own MOLECULE_EPHEMERAL_DIRECTORY, so a scenario's `create` always creates)."""
+    if not chosen:
+        return []
+    for scenario in chosen:
+        shutil.rmtree(MOLECULE_STATE / scenario, ignore_errors=True)
+    step = remove_hosts("hosts an earlier run left", chosen)
+    step.stage = "image"
+    return [step]
 
 
 def caches_warm() -> bool:
@@ -172,9 +205,12 @@ def lane_steps(only: list[str], chosen: list[str], lanes: int) -> list[list[Step
                     )
             elif "molecule" in only:
                 # One command per phase, so each phase's time shows; destroy runs at the end
-                # whatever happened (see run_lane).
+                # whatever happened (see Run).
+                state = {"MOLECULE_EPHEMERAL_DIRECTORY": str(MOLECULE_STATE / item)}
                 steps += [
-                    Step("molecule", f"{item} {phase}", ["molecule", phase, "-s", item])
+                    remove_hosts(f"{item} destroy", [item])
+                    if phase == "destroy"
+                    else Step("molecule", f"{item} {phase}", ["molecule", phase, "-s", item], env=state)
                     for phase in molecule_phases(item)
                 ]
         for step in steps:
@@ -184,7 +220,7 @@ def lane_steps(only: list[str], chosen: list[str], lanes: int) -> list[list[Step
 
 
 class Run:
-    """Shared state of the run: after a failure, only clean-up steps (molecule destroy) run."""
+    """Shared state of the run: after a failure, only clean-up steps (a scenario's destroy) run."""
 
     def __init__(self, env: dict[str, str], keep_going: bool):
         self.env = env
@@ -193,8 +229,7 @@ class Run:
 
     def run(self, steps: list[Step]) -> None:
         for step in steps:
-            cleanup = step.cmd[:2] == ["molecule", "destroy"]
-            if self.failed.is_set() and not self.keep_going and not cleanup:
+            if self.failed.is_set() and not self.keep_going and not step.cleanup:
                 continue
             run_step(step, self.env)
             if not step.ok:
@@ -254,9 +289,10 @@ def main() -> int:
     run = Run(env, args.keep_going)
     total = time.monotonic()
 
-    image, lint = image_steps(only), lint_steps(only)
-    run.run(image)
     lanes = lane_steps(only, args.scenario, args.lanes)
+    chosen = list(dict.fromkeys(s.name.split()[0] for lane in lanes for s in lane if s.stage == "molecule"))
+    image, lint = image_steps(only) + clean_slate(chosen), lint_steps(only)
+    run.run(image)
     lane_seconds = [0.0] * len(lanes)
 
     def lane_worker(number: int, steps: list[Step]) -> None:
