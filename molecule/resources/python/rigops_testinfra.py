@@ -146,6 +146,36 @@ def recap(output: str, hostname: str) -> dict[str, int]:
     return dict(zip(("ok", "changed", "unreachable", "failed"), map(int, m.groups()), strict=True))
 
 
+def alias_inventory(path: Path, of: str, aliases: dict[str, dict]) -> Path:
+    """Write an inventory of aliases of the scenario's host ``of``: each reaches that host (its
+    address, port, user and key from Molecule's inventory), has its variables and groups, and the
+    alias's own variables on top. For refusals: one run with an alias per case judges every case
+    (``-i path -l alias,...``), where a run per case costs an Ansible start each."""
+    inventory = Path(os.environ["MOLECULE_INVENTORY_FILE"])
+    connection = yaml.safe_load(inventory.read_text())["all"]["hosts"][of]
+    own = yaml.safe_load((inventory.parent / "host_vars" / of).read_text()) or {}
+    groups = _platforms()[of].get("groups", [])
+    hosts = {name: {**connection, **own, **extra} for name, extra in aliases.items()}
+    children = {group: {"hosts": dict.fromkeys(hosts)} for group in groups}
+    path.write_text(yaml.safe_dump({"all": {"hosts": hosts, "children": children}}))
+    return path
+
+
+def per_host(output: str, host: str) -> str:
+    """What a run printed about one host: its task results with their messages (the YAML callback
+    indents a result's lines below its header), the loop items labelled with its name (the
+    report's line) and its recap line."""
+    marks = (f"[{host}]", f"(item={host})")
+    kept, keep = [], False
+    for line in output.splitlines():
+        if line[:1] not in ("", " ", "\t"):
+            head = re.split(r"=>\s*[{\[]", line, maxsplit=1)[0]  # not a one-line JSON result's text
+            keep = any(mark in head for mark in marks) or re.match(rf"{re.escape(host)}\s*:", line) is not None
+        if keep:
+            kept.append(line)
+    return "\n".join(kept)
+
+
 def ansible_playbooks(runs: dict, workers: int = 4) -> dict:
     """Run several playbooks at once (runs: {key: (playbook, *args)}); {key: (rc, output)}.
 

@@ -1,10 +1,10 @@
 """Mistaken and hostile inventories against the serving rig, through the main job as a user runs it.
 
-Each case runs site.yml on vs-rig with the case's vllm_instances. Each must be refused with a
-message that names the field, without a traceback, and must change nothing on the rig: the
-configs, the keys, the units and the running instances (same PIDs) stay as they were, and the
-instance still answers with its key. The table-driven unit test (tests/unit/test_instance_schema.py)
-holds many more cases; these are a representative dozen end to end.
+Each case is an alias of vs-rig with the case's vllm_instances, all judged by one run of site.yml.
+Each must be refused with a message that names the field, without a traceback, and must change
+nothing on the rig: the configs, the keys, the units and the running instances (same PIDs) stay
+as they were, and the instance still answers with its key. The table-driven unit test
+(tests/unit/test_instance_schema.py) holds many more cases; these are a representative dozen end to end.
 """
 
 import copy
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from rigops_testinfra import ansible_playbooks
+from rigops_testinfra import alias_inventory, ansible_playbook, per_host
 
 pytestmark = pytest.mark.changes_state
 
@@ -94,27 +94,27 @@ def flat(output):
 
 @pytest.fixture(scope="module")
 def refused(host, tmp_path_factory):
-    """site.yml with every case's instances, run at once (each stops in the preflight), and the rig's
-    state before and after them all."""
+    """site.yml once for every case: each case is an alias of vs-rig with the case's vllm_instances
+    (rigops_testinfra.alias_inventory), so one run judges them all (each stops in the preflight);
+    the rig's state before and after."""
     folder = tmp_path_factory.mktemp("bad-input")
-    runs = {}
-    for n, (case, (instances, _, _)) in enumerate(sorted(CASES.items())):
-        extra = folder / f"case{n}.json"
-        extra.write_text(json.dumps({"vllm_instances": instances, "rigops_report_dir": str(folder / f"r{n}")}))
-        runs[case] = (ROOT / "site.yml", "-l", "vs-rig", "-e", f"@{extra}")
+    names = {case: f"case-{n}" for n, case in enumerate(sorted(CASES))}
+    inventory = alias_inventory(
+        folder / "cases.yml", "vs-rig", {names[case]: {"vllm_instances": CASES[case][0]} for case in CASES}
+    )
     before = state(host)
-    results = ansible_playbooks(runs)
-    return results, before, state(host)
+    extra = json.dumps({"rigops_report_dir": str(folder / "reports")})
+    rc, out = ansible_playbook(ROOT / "site.yml", "-i", str(inventory), "-l", ",".join(names.values()), "-e", extra)
+    return rc, out, names, before, state(host)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_bad_input_is_refused_by_name_and_changes_nothing(host, refused, case):
-    results, before, after = refused
+    rc, out, names, before, after = refused
     _, field, words = CASES[case]
-    rc, out = results[case]
-    text = flat(out)
+    text = flat(per_host(out, names[case]))
     assert rc != 0, out[-3000:]
-    assert field in text and words in text, out[-4000:]
+    assert field in text and words in text, text[-4000:]
     assert "Traceback" not in out
     assert KEY not in out and KEY[:20] not in out
     assert "failed in preflight" in text  # the report ran and names the stage

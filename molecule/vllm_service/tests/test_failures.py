@@ -3,7 +3,6 @@ restart (the running services keep their MainPID and their config), and a killed
 restarted by systemd and passes the gate again."""
 
 import copy
-import json
 import os
 import re
 import time
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from rigops_testinfra import ansible_playbook, ansible_playbooks, recap
+from rigops_testinfra import alias_inventory, ansible_playbook, per_host, recap
 
 pytestmark = pytest.mark.changes_state
 
@@ -76,25 +75,27 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def refusals(host, tmp_path_factory):
-    """Every case's converge, run at once (each stops in the preflight), and the state around them."""
-    folder = tmp_path_factory.mktemp("refusals")
-    runs = {}
-    for n, (case, (instances, _)) in enumerate(sorted(CASES.items())):
-        extra = folder / f"case{n}.json"
-        extra.write_text(json.dumps({"vllm_instances": instances}))
-        runs[case] = (SCENARIO / "converge.yml", "-e", f"@{extra}")
+    """The converge once for every case: each case is an alias of vs-rig with the case's
+    vllm_instances (rigops_testinfra.alias_inventory), each stops in the preflight; the state around."""
+    names = {case: f"case-{n}" for n, case in enumerate(sorted(CASES))}
+    inventory = alias_inventory(
+        tmp_path_factory.mktemp("refusals") / "cases.yml",
+        "vs-rig",
+        {names[case]: {"vllm_instances": CASES[case][0]} for case in CASES},
+    )
     before = state(host)
-    results = ansible_playbooks(runs)
-    return results, before, state(host)
+    rc, out = ansible_playbook(SCENARIO / "converge.yml", "-i", str(inventory), "-l", ",".join(names.values()))
+    return rc, out, names, before, state(host)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_bad_config_is_refused_before_any_restart(refusals, case):
-    results, before, after = refusals
-    rc, out = results[case]
+    rc, out, names, before, after = refusals
+    mine = per_host(out, names[case])
     assert rc != 0
-    assert has(out, CASES[case][1]), out[-3000:]
-    assert has(out, "vllm_service preflight refused")
+    assert has(mine, CASES[case][1]), mine[-3000:]
+    assert has(mine, "vllm_service preflight refused")
+    assert recap(out, names[case])["changed"] == 0
     assert after == before
 
 
