@@ -844,7 +844,10 @@ def down(names: list[str], everything: bool) -> None:
         podman("stop", "-t", "0", *present, check=False)
         aside = [set_aside(name) for name in present]
         podman("rm", "-f", "-t", "0", *present)
-        delete_in_background([path for path in aside if path])
+        aside = [path for path in aside if path]
+        delete_in_background(aside)
+        if aside:
+            log(f"files of {len(aside)} host(s) set aside, deleted in the background: {aside[0].parent}")
     for name in targets:
         log(f"{name}: {'removed' if name in present else 'absent'}")
     if everything and podman("network", "exists", NETWORK, check=False).returncode == 0:

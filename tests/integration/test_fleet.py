@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -46,6 +47,28 @@ def test_up_twice_then_down(clean):
     assert rc == 0 and "removed" in err
     rc, _, err = fleet("down", "--host", HOST)
     assert rc == 0 and "absent" in err
+
+
+def test_down_takes_what_the_host_wrote_out_of_podmans_way_and_deletes_it_after(clean):
+    """podman rm would delete it under its storage lock; down sets it aside and deletes it in the background."""
+    rc, _, err = fleet("up", "--host", f"{HOST}:nogpu:2398")
+    assert rc == 0, err
+    env = dict(os.environ, CONTAINERS_CONF=str(ROOT / "sandbox" / "podman" / "containers.conf"))
+
+    def podman(*args):
+        return subprocess.run(["podman", *args], capture_output=True, text=True, env=env, check=True).stdout.strip()
+
+    podman("exec", f"rigops-{HOST}", "sh", "-c", "mkdir -p /srv/junk && seq 2000 | xargs -I{} touch /srv/junk/{}")
+    upper = Path(podman("container", "inspect", "--format", "{{.GraphDriver.Data.UpperDir}}", f"rigops-{HOST}"))
+    assert (upper / "srv" / "junk" / "2000").exists()
+    rc, _, err = fleet("down", "--host", HOST)
+    assert rc == 0 and "removed" in err and "files of 1 host(s) set aside, deleted in the background" in err
+    assert not upper.exists()  # podman removed the layer at once
+    trash = upper.parents[1] / "rigops-trash"
+    deadline = time.monotonic() + 60
+    while any(p.name.startswith(f"rigops-{HOST}-") for p in trash.iterdir()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not any(p.name.startswith(f"rigops-{HOST}-") for p in trash.iterdir()), "set aside, never deleted"
 
 
 def test_ssh_reaches_the_host_with_recorded_host_keys(clean):
