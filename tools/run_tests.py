@@ -8,7 +8,8 @@
     ./rigops test --keep-going         run the next steps after a failure
 
 Stages: image (sandbox host image, cached by recipe) first; then, side by side, lint
-(yamllint, ansible-lint profile production, ruff) and the lanes: unit (pytest tests/unit)
+(yamllint, ansible-lint profile production, ruff) and the lanes: unit (pytest tests/unit, in two
+steps: see UNIT_OTHER_LANE)
 and the sandbox stages: Molecule scenarios (each phase of Molecule's test sequence as read
 from .config/molecule/config.yml or the scenario's own molecule.yml is a step; its destroy is
 the command molecule/resources/destroy.yml runs, and the leading ones are one step before
@@ -52,11 +53,15 @@ STAGES = ["lint", "unit", "image", "molecule", "integration"]
 # counts the hub stand-in's requests: it runs first in its lane, while the other lane's
 # first scenarios download no model (fleet_cache counts its own hosts' requests by address).
 # site and the unit tests sit where they balance the lanes (site needs its own hosts only;
-# the unit tests none). Scenarios not listed run at the end of the shorter lane.
+# the unit tests none): the unit test files of UNIT_OTHER_LANE are a step of their own ("unit-b"),
+# the rest is "unit". Scenarios not listed run at the end of the shorter lane.
 LANES = [
-    ["sandbox", "driver_topology", "vllm_runtime", "jetson", "site"],
+    ["sandbox", "driver_topology", "vllm_runtime", "jetson", "site", "unit-b"],
     ["model_weights", "fleet_cache", "vllm_service", "unit", "integration"],
 ]
+# ~70 s of unit tests that run the main job's plays on the example inventory: on 2026-12-01 lane 1
+# ended 138 s before lane 2 (reports/test-timings.json), and the CPU is busy only while both run.
+UNIT_OTHER_LANE = ["tests/unit/test_main_job.py"]
 # Budget of the whole run on 2 cores (issue: the suite budget).
 BUDGET_WARM_S = 35 * 60
 BUDGET_FRESH_S = 50 * 60
@@ -185,13 +190,24 @@ def lint_steps(only: list[str]) -> list[Step]:
     ]
 
 
+def unit_step(item: str, whole: bool) -> Step:
+    """pytest of the unit tests: all of them (whole), the files of UNIT_OTHER_LANE ("unit-b") or the rest."""
+    cmd = [sys.executable, "-m", "pytest", "-q"]
+    if whole:
+        return Step("unit", "pytest tests/unit", [*cmd, "tests/unit"])
+    if item == "unit-b":
+        return Step("unit", f"pytest {' '.join(UNIT_OTHER_LANE)}", [*cmd, *UNIT_OTHER_LANE])
+    ignored = [f"--ignore={path}" for path in UNIT_OTHER_LANE]
+    return Step("unit", "pytest tests/unit (the rest)", [*cmd, *ignored, "tests/unit"])
+
+
 def lane_steps(only: list[str], chosen: list[str], lanes: int) -> list[list[Step]]:
     """The sandbox stages' steps, per lane."""
     py = sys.executable
     if chosen:
         layout = [["unit", *chosen]]
     else:
-        known = set(scenarios()) | {"integration", "unit"}
+        known = set(scenarios()) | {"integration", "unit", "unit-b"}
         layout = [[item for item in lane if item in known] for lane in LANES]
         extra = [s for s in scenarios() if not any(s in lane for lane in LANES)]
         min(layout, key=len).extend(extra)
@@ -201,9 +217,9 @@ def lane_steps(only: list[str], chosen: list[str], lanes: int) -> list[list[Step
     for number, items in enumerate(layout):
         steps = []
         for item in items:
-            if item == "unit":
+            if item in ("unit", "unit-b"):
                 if "unit" in only:
-                    steps.append(Step("unit", "pytest tests/unit", [py, "-m", "pytest", "-q", "tests/unit"]))
+                    steps.append(unit_step(item, whole=bool(chosen)))
             elif item == "integration":
                 if "integration" in only and (ROOT / "tests" / "integration").is_dir():
                     steps.append(
