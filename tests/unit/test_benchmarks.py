@@ -35,6 +35,7 @@ connection_cost = _load("connection_cost", "bench_connection_cost")
 model_weights = _load("model_weights", "bench_model_weights")
 vllm_runtime = _load("vllm_runtime", "bench_vllm_runtime")
 rollout_bench = _load("rollout", "bench_rollout")
+cpu_by_command = _load("cpu_by_command", "bench_cpu_by_command")
 
 
 def details(n: int, port: int = 2381, prefix: str = "bench-cc-") -> list[dict]:
@@ -591,3 +592,42 @@ def test_every_sandbox_host_has_its_own_ssh_port():
             assert port not in seen, f"port {port}: {seen.get(port)} and {path.relative_to(ROOT)}"
             seen[port] = str(path.relative_to(ROOT))
     assert len(seen) >= 20 and not set(seen) & set(model_weights.PORTS)
+
+
+# --------------------------------------------------------------------------- cpu_by_command
+
+ACCT = ROOT / "tests" / "fixtures" / "acct"
+
+
+def test_accounting_records_read_as_lastcomm_reads_them():
+    """The kernel's records (a real capture) give lastcomm's names, fork flags and CPU seconds."""
+    processes = cpu_by_command.parse((ACCT / "pacct").read_bytes())
+    reference = []
+    for line in (ACCT / "lastcomm.txt").read_text().splitlines()[::-1]:  # lastcomm: newest first
+        # name, flags (S F C D X, spaced in columns), user, tty, CPU seconds, start
+        m = re.match(r"^(\S+)\s+(.*?)\s+(\S+)\s+(\S+)\s+([0-9.]+) secs", line)
+        assert m, line
+        reference.append((m.group(1), "F" in m.group(2), float(m.group(5))))
+    assert [(p.name, p.forked, round(p.cpu_s, 2)) for p in processes] == reference
+    assert len(processes) == 64 and {p.name for p in processes} >= {"ansible-playboo", "python3", "nvpmodel"}
+
+
+def test_the_summary_adds_up_per_name_and_user():
+    processes = cpu_by_command.parse((ACCT / "pacct").read_bytes())
+    rows = cpu_by_command.summarise(processes)
+    assert sum(r["processes"] for r in rows) == 64
+    assert abs(sum(r["cpu_s"] for r in rows) - sum(p.cpu_s for p in processes)) < 0.05
+    assert rows == sorted(rows, key=lambda r: -r["cpu_s"])
+    workers = next(r for r in rows if r["name"] == "ansible-playboo*")
+    forked = sum(p.forked and p.name == "ansible-playboo" for p in processes)
+    assert workers["user"] == "root" and workers["processes"] == forked > 0
+
+
+def test_comp_t_and_a_foreign_record_version():
+    assert cpu_by_command.comp_t(0x1FFF) == 8191 and cpu_by_command.comp_t((2 << 13) | 5) == 5 * 64
+    record = bytearray((ACCT / "pacct").read_bytes()[:64])
+    record[1] = 2  # version 2: another kernel's layout
+    with pytest.raises(ValueError, match="version 2, not 3"):
+        cpu_by_command.parse(bytes(record))
+    with pytest.raises(ValueError, match="whole number"):
+        cpu_by_command.parse(bytes(record[:10]))
