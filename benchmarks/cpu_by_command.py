@@ -5,7 +5,7 @@
     ./rigops benchmark cpu_by_command [--top 25] [--json PATH] -- ./rigops test
 
 Runs the command with process accounting on (acct(2), root only): the kernel appends one record
-per process when it ends (its name, user, CPU time, parent), the short-lived ones included, which
+per process when it ends (its name, user, CPU time), the short-lived ones included, which
 sampling misses (most of an Ansible run is processes of a fraction of a second: a worker per task
 and host, a module's Python on the host). The records are system-wide: the sandbox hosts'
 processes (podman's containers are processes of this machine) count with the controller's, and so
@@ -50,11 +50,8 @@ AHZ = 100  # comp_t times are in 1/AHZ seconds
 class Process:
     name: str
     uid: int
-    pid: int
-    ppid: int
     forked: bool
     cpu_s: float
-    started: int
 
 
 def comp_t(value: int) -> int:
@@ -68,12 +65,12 @@ def parse(data: bytes) -> list[Process]:
         raise ValueError(f"{len(data)} bytes is not a whole number of {RECORD.size}-byte records")
     out = []
     for fields in RECORD.iter_unpack(data):
-        flag, version, _tty, _exit, uid, _gid, pid, ppid, btime, _etime, utime, stime, *_rest, comm = fields
+        flag, version, _tty, _exit, uid, _gid, _pid, _ppid, _btime, _etime, utime, stime, *_rest, comm = fields
         if version & 0x0F != ACCT_V3:
             raise ValueError(f"accounting record version {version & 0x0F}, not {ACCT_V3}")
         name = comm.split(b"\0", 1)[0].decode(errors="replace")
         cpu = (comp_t(utime) + comp_t(stime)) / AHZ
-        out.append(Process(name, uid, pid, ppid, bool(flag & AFORK), cpu, btime))
+        out.append(Process(name, uid, bool(flag & AFORK), cpu))
     return out
 
 
