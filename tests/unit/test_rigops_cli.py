@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 from pathlib import Path
@@ -60,3 +61,40 @@ def test_rollout_is_a_production_command(tmp_path):
     case = script[script.index("  rollout)") : script.index(";;", script.index("  rollout)"))]
     assert "production" in case and "development" not in case and "tools/rollout.py" in case
     assert not calls.exists()
+
+
+def test_the_virtualenv_is_built_once_per_requirements_in_the_cache(tmp_path):
+    """.venv links to $RIGOPS_CACHE/controller/<kind>-<hash>: one left without its stamp (an interrupted build)
+    is built again, and a second clone reuses it. Requirements here are empty: the mechanism is tested, not pip."""
+    cache = tmp_path / "cache"
+    env = dict(os.environ, RIGOPS_CACHE=str(cache))
+    env.pop("VIRTUAL_ENV", None)
+    requirements = "# nothing\n"
+    venv = cache / "controller" / f"prod-{hashlib.sha256(requirements.encode()).hexdigest()[:16]}"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "half-installed").write_text("")  # what an interrupted build left: no stamp
+
+    def bootstrap(name):
+        project = tmp_path / name
+        project.mkdir()
+        (project / "rigops").write_text((ROOT / "rigops").read_text())
+        (project / "rigops").chmod(0o755)
+        (project / "requirements.txt").write_text(requirements)
+        (project / "requirements-dev.txt").write_text("-r requirements.txt\n")
+        proc = subprocess.run(
+            [str(project / "rigops"), "bootstrap"],
+            check=False,
+            cwd=project,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert (project / ".venv").is_symlink() and (project / ".venv").resolve() == venv
+        return proc.stderr
+
+    assert f"building the virtualenv {venv} from requirements.txt" in bootstrap("first")
+    assert not (venv / "bin" / "half-installed").exists() and (venv / "bin" / "python").exists()
+    assert (venv / ".requirements.sha256").read_text().strip() == venv.name
+    assert "building" not in bootstrap("second")
