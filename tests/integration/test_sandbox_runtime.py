@@ -302,7 +302,7 @@ def _rss_kib(pid: int) -> int:
     return bench.rss_kib(pid)
 
 
-def test_vllm_serves_the_model_downloaded_from_the_hub(runtime_python, no_faults, tmp_path, timings):
+def test_vllm_serves_the_model_downloaded_from_the_hub(runtime_python, no_faults, tmp_path, timings, vllm_cache):
     hub = no_faults
     r = run_client(runtime_python, hub, "modelscope", MS_REPO, tmp_path / "model")
     assert r["ok"], r
@@ -310,7 +310,7 @@ def test_vllm_serves_the_model_downloaded_from_the_hub(runtime_python, no_faults
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}  # "" kills the worker
-    env.update(VLLM_CACHE_ROOT=str(scratch / "vllm-cache"), TMPDIR=str(scratch), VLLM_RPC_BASE_PATH=str(scratch))
+    env.update(VLLM_CACHE_ROOT=str(vllm_cache), TMPDIR=str(scratch), VLLM_RPC_BASE_PATH=str(scratch))
     # python -m ...api_server: the `vllm` CLI looks up the distribution "vllm" (it is "vllm-cpu")
     cmd = [
         str(runtime_python), "-m", "vllm.entrypoints.openai.api_server",
