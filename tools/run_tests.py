@@ -73,9 +73,8 @@ TIMINGS_FILE = ROOT / "reports" / "test-timings.json"
 # those that converge over SSH included (sandbox, driver_topology, site: they reboot hosts,
 # which mitogen cannot yet, mitogen-hq/mitogen#1251: a run that changes nothing reboots nothing,
 # and whether a task changes does not depend on the connection), and the unit tests' playbook
-# runs on localhost (measured on 2026-12-01, the unit test files that run playbooks: 268 CPU-s
-# with Ansible's linear strategy, 178 under mitogen's; the scenarios run the same plays over SSH
-# as users do). RIGOPS_SCENARIO_STRATEGY=linear runs them all with Ansible's default strategy
+# runs on localhost (the scenarios run the same plays over SSH as users do; the README has the
+# figures). RIGOPS_SCENARIO_STRATEGY=linear runs them all with Ansible's default strategy
 # (.config/molecule/config.yml).
 FAST_STRATEGY = os.environ.get("RIGOPS_SCENARIO_STRATEGY") or "mitogen_linear"
 FAST_STRATEGY_ENV = {"ANSIBLE_STRATEGY": FAST_STRATEGY, "ANSIBLE_STRATEGY_PLUGINS": str(ROOT / "strategy_plugins")}
