@@ -43,6 +43,7 @@ CHAT = {
 VLM = {"name": "vlm", "port": 8001, "gpus": [0], "model": {"source": "local", "path": "/srv/rigops/models/vlm"}}
 TINY = {"name": "tiny", "port": 8002, "model": {"source": "local", "path": "/srv/rigops/models/tiny"}}
 HOSTS = {"cuda": ("cuda-rig", CHAT), "jetson": ("jetson-board", VLM), "cpu": ("cpu-box", TINY)}
+SLACK = 100_000_000  # the board's vllm_service_timer_slack_nsec (ns); the others keep the default, 0
 # What the launcher sets for `chat` (on top of what systemd gives it), every variable and value; the key aside.
 CHAT_ENV = {
     "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
@@ -105,6 +106,7 @@ def rendered(tmp_path_factory):
     # a file the board has and one it has not: only the first is bound over
     (tmp / "nv_tegra_release").write_text("# R38 (release)\n")
     hosts["jetson-board"]["vllm_service_masked_files"] = [str(tmp / "nv_tegra_release"), str(tmp / "absent")]
+    hosts["jetson-board"]["vllm_service_timer_slack_nsec"] = SLACK
     inventory = {
         "all": {
             "hosts": hosts,
@@ -195,6 +197,28 @@ def test_masked_files_are_bound_over_with_dev_null_only_where_present(rendered):
     release = rendered["jetson"].parent / "nv_tegra_release"
     assert section_lines(unit, "BindReadOnlyPaths") == [f"/dev/null:{release}"]
     assert section_lines((unit_dir(rendered["cpu"]) / "vllm@.service").read_text(), "BindReadOnlyPaths") == []
+
+
+def test_a_timer_slack_is_set_only_where_asked(rendered):
+    assert section_lines((unit_dir(rendered["jetson"]) / "vllm@.service").read_text(), "TimerSlackNSec") == [str(SLACK)]
+    for flavour in ("cuda", "cpu"):  # 0: the kernel's default, no line
+        assert section_lines((unit_dir(rendered[flavour]) / "vllm@.service").read_text(), "TimerSlackNSec") == []
+
+
+@pytest.mark.parametrize("slack", ["2000000000", "'-100ms'"])
+def test_a_timer_slack_out_of_range_is_refused_by_name(tmp_path, slack):
+    proc = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local",
+            "-e", json.dumps({"ansible_python_interpreter": sys.executable, "rigops_render_root": str(tmp_path)}),
+            "-e", f"vllm_service_timer_slack_nsec={slack}", str(ROOT / "tools" / "render_units.yml"),
+        ],
+        check=False, cwd=ROOT, capture_output=True, text=True,
+        env=dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0"),
+    )  # fmt: skip
+    assert proc.returncode != 0
+    assert "vllm_service_timer_slack_nsec" in proc.stdout, proc.stdout[-3000:]
+    assert list(tmp_path.iterdir()) == []  # refused before anything was rendered
 
 
 # ---------------------------------------------------------------- systemd's view

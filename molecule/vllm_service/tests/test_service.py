@@ -7,8 +7,10 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 from rigops_testinfra import ansible_playbook
 
+ROOT = Path(os.environ["MOLECULE_PROJECT_DIRECTORY"])
 SCENARIO = Path(os.environ.get("MOLECULE_SCENARIO_DIRECTORY", Path(__file__).resolve().parent.parent))
 INSTANCES = {"alpha": (8001, "tiny-a"), "beta": (8002, "tiny-b")}
 LAUNCHER = "/usr/local/lib/rigops-vllm/rigops-vllm-launch"
@@ -68,6 +70,12 @@ def test_services_active_enabled_as_their_own_user_without_privileges(host, name
     assert re.search(r"^NoNewPrivs:\s+1$", status, re.M)
     # the launcher exec'd vLLM: the main process is the server itself
     assert "vllm.entrypoints.openai.api_server" in host.file(f"/proc/{pid}/cmdline").content_string
+    # the inventory's timer slack (vllm_service_timer_slack_nsec), as systemd applies it to the unit's processes
+    # (their /proc/<pid>/timerslack_ns needs CAP_SYS_NICE to read, which a sandbox host's root lacks)
+    inventory = yaml.safe_load((ROOT / "inventories/sandbox/group_vars/all/vllm_service.yml").read_text())
+    slack = str(inventory["vllm_service_timer_slack_nsec"])
+    assert int(slack) > 50000, "coarser than the kernel's default"
+    assert host.check_output(f"systemctl show -p TimerSlackNSec --value vllm@{name}") == slack
 
 
 def test_listening_only_on_loopback(host):
