@@ -11,9 +11,12 @@ from __future__ import annotations
 import json
 import os
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from ansible.module_utils import model_weights as mw
 
 FIX = Path(__file__).parent / "fixtures" / "model_weights"
@@ -547,3 +550,48 @@ def test_module_checked_lists_through_open_url(run_module, monkeypatch, tmp_path
     assert [c[0] for c in calls] == [urls["files"], urls["revisions"]]
     assert calls[0][1]["Authorization"] == "Bearer ms-secret"
     assert not (tmp_path / "root").exists()
+
+
+# --- the role's preflight ---------------------------------------------------------------
+
+
+def test_preflight_refuses_a_python_without_the_hubs_client_by_name(tmp_path):
+    """The role's preflight on the controller, with its own python as the runtime's: it has huggingface_hub
+    (found, not imported) and no modelscope, which the refusal names alone, before anything is made on disk."""
+    root = Path(__file__).resolve().parents[2]
+    refs = [
+        {"name": "a", "model": {"source": "huggingface", "id": "Qwen/Qwen3.5-9B-Instruct", "revision": "v1.0.0"}},
+        {"name": "b", "model": {"source": "modelscope", "id": "Qwen/Qwen3.5-9B", "revision": "master"}},
+    ]
+    play = {
+        "name": "model_weights preflight",
+        "hosts": "localhost",
+        "gather_facts": False,
+        "vars": {
+            "model_weights_instances": refs,
+            "model_weights_python": sys.executable,
+            "model_weights_group": "root",
+            "model_weights_root": str(tmp_path / "models"),
+        },
+        "tasks": [
+            {
+                "name": "Preflight",
+                "ansible.builtin.import_role": {"name": "model_weights", "tasks_from": "preflight.yml"},
+            },
+        ],
+    }
+    (tmp_path / "play.yml").write_text(yaml.safe_dump([play]))
+    proc = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local",
+            "-e", json.dumps({"ansible_python_interpreter": sys.executable}), str(tmp_path / "play.yml"),
+        ],
+        check=False, cwd=root, capture_output=True, text=True,
+        env=dict(os.environ, ANSIBLE_CONFIG=str(root / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0"),
+    )  # fmt: skip
+    out = " ".join(proc.stdout.split())
+    assert proc.returncode != 0, out[-3000:]
+    assert f"localhost: {sys.executable} has no client for modelscope (" in out, out[-3000:]
+    assert "PackageNotFoundError: No package metadata was found for modelscope" in out, out[-3000:]
+    assert "Every hub client is installed" in out
+    assert not (tmp_path / "models").exists()
