@@ -91,6 +91,7 @@ output:
 
 import os  # noqa: E402
 import re  # noqa: E402
+import subprocess  # noqa: E402
 import tempfile  # noqa: E402
 
 from ansible.module_utils.basic import AnsibleModule  # noqa: E402
@@ -105,6 +106,17 @@ def query(module, nvpmodel):
     if rc != 0 or mode["id"] is None:
         module.fail_json(msg="nvpmodel -q failed (rc {}): {}".format(rc, (err or out).strip() or "no output"))
     return {"name": mode["name"], "id": mode["id"]}
+
+
+def set_mode(nvpmodel, mode):
+    """nvpmodel -m MODE, answering "no" to its reboot prompt. Through subprocess, not run_command: nvpmodel
+    reads the answer only when it asks, a mode that switches live exits at once, and run_command then fails on
+    the write to its closed stdin (EPIPE); communicate() ignores that."""
+    proc = subprocess.run(
+        [nvpmodel, "-m", str(mode)], input="no\n", capture_output=True, text=True,
+        env=dict(os.environ, **ENV), check=False,
+    )  # fmt: skip
+    return proc.returncode, proc.stdout, proc.stderr
 
 
 def record_for_boot(module, path, mode):
@@ -147,7 +159,7 @@ def main():
         result.update(changed=True, after={"name": None, "id": p["mode"]})
         module.exit_json(**result)
     # "no" to the reboot prompt: nvpmodel then changes nothing and says why
-    rc, out, err = module.run_command([nvpmodel, "-m", str(p["mode"])], data="no", environ_update=ENV)
+    rc, out, err = set_mode(nvpmodel, p["mode"])
     output = (out + "\n" + err).strip()
     result["output"] = output
     needs = reboot_required(output)

@@ -442,3 +442,20 @@ def test_tegrastats_module_reports_a_tool_that_prints_nothing(run_module, tmp_pa
     silent.chmod(0o755)
     failed, result = run_module(jetson_tegrastats.main, {"tegrastats_path": str(silent), "timeout": 5})
     assert failed and "tegrastats printed nothing: Error: not a Jetson" in result["msg"]
+
+
+def test_power_mode_module_sets_a_live_mode_when_nvpmodel_never_reads_the_answer(board, tmp_path, run_module):
+    """nvpmodel reads "no" only when it asks about a reboot: one that closed its stdin before the module wrote
+    the answer (a live switch, done at once) must not fail the task with a broken pipe. A race: with
+    run_command's write, this failed when the wrapper closed its stdin before the write (seen in the suite's
+    jetson converge on 2026-12-02 and here), and passed when the write came first."""
+    import jetson_power_mode  # noqa: PLC0415
+
+    root = board("jetson-thor")
+    closed = tmp_path / "nvpmodel-closed-stdin"
+    closed.write_text(f'#!/bin/sh\nexec 0<&-\nsleep 0.3\nexec {sys.executable} {HW / "bin" / "nvpmodel"} "$@"\n')
+    closed.chmod(0o755)
+    args = {"nvpmodel_path": str(closed), "status_file": str(root / "var/lib/nvpmodel/status")}
+    failed, result = run_module(jetson_power_mode.main, dict(args, mode=1, name="120W"))
+    assert not failed, result
+    assert result["changed"] and result["after"] == {"name": "120W", "id": 1} and nvpmodel_q() == "120W"
