@@ -240,7 +240,7 @@ def lane_steps(only: list[str], chosen: list[str], lanes: int) -> list[list[Step
                     if phase == "destroy":
                         steps.append(remove_hosts(f"{item} destroy", [item]))
                         continue
-                    env = dict(state, ANSIBLE_STRATEGY=FAST_STRATEGY) if phase == "idempotence" else state
+                    env = {**state, **FAST_STRATEGY_ENV} if phase == "idempotence" else state
                     steps.append(Step("molecule", f"{item} {phase}", ["molecule", phase, "-s", item], env=env))
         for step in steps:
             step.lane = number

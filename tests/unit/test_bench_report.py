@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ansible_run import ansible_playbook
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures" / "bench"
@@ -722,12 +723,7 @@ def playbook(tmp_path, *extra):
             """
         )
     )
-    proc = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(inv), str(ROOT / "playbooks" / "bench.yml"),
-         "--tags", "bench_preflight", *extra],
-        capture_output=True, text=True, check=False, timeout=180, cwd=ROOT,
-        env={**os.environ, "ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_NOCOLOR": "1"},
-    )  # fmt: skip
+    proc = ansible_playbook("-i", inv, ROOT / "playbooks" / "bench.yml", "--tags", "bench_preflight", *extra)
     return proc.returncode, proc.stdout + proc.stderr
 
 

@@ -21,6 +21,7 @@ import yaml
 from ansible.module_utils import vllm_devices
 from ansible.module_utils.nvidia_smi import build_gpu_facts, parse_smi_xml
 from ansible.module_utils.vllm_config import build_env, load, validate
+from ansible_run import LOCALHOST, ansible_playbook
 
 ROOT = Path(__file__).resolve().parents[2]
 REAL = ROOT / "tests" / "fixtures" / "nvidia-smi" / "real"
@@ -114,20 +115,7 @@ def rendered(tmp_path_factory):
         }
     }
     (tmp / "inventory.yml").write_text(yaml.safe_dump(inventory))
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0")
-    proc = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "ansible-playbook"),
-            "-i",
-            str(tmp / "inventory.yml"),
-            str(ROOT / "tools" / "render_units.yml"),
-        ],
-        check=False,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env=env,
-    )
+    proc = ansible_playbook("-i", tmp / "inventory.yml", ROOT / "tools" / "render_units.yml")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     return {flavour: tmp / flavour for flavour in HOSTS}
 
@@ -207,14 +195,9 @@ def test_a_timer_slack_is_set_only_where_asked(rendered):
 
 @pytest.mark.parametrize("slack", ["2000000000", "'-100ms'"])
 def test_a_timer_slack_out_of_range_is_refused_by_name(tmp_path, slack):
-    proc = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local",
-            "-e", json.dumps({"ansible_python_interpreter": sys.executable, "rigops_render_root": str(tmp_path)}),
-            "-e", f"vllm_service_timer_slack_nsec={slack}", str(ROOT / "tools" / "render_units.yml"),
-        ],
-        check=False, cwd=ROOT, capture_output=True, text=True,
-        env=dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0"),
+    proc = ansible_playbook(
+        *LOCALHOST, "-e", f"rigops_render_root={tmp_path}", "-e", f"vllm_service_timer_slack_nsec={slack}",
+        ROOT / "tools" / "render_units.yml",
     )  # fmt: skip
     assert proc.returncode != 0
     assert "vllm_service_timer_slack_nsec" in proc.stdout, proc.stdout[-3000:]

@@ -19,6 +19,7 @@ import pytest
 import yaml
 from ansible.module_utils import instance_schema as schema
 from ansible.module_utils import vllm_config
+from ansible_run import ansible_playbook
 
 ROOT = Path(__file__).resolve().parents[2]
 KEY = "Vault-K3y-0f-the-chat-1nstance-abcdefghijklmnopq"  # a valid key (44 printable ASCII characters)
@@ -739,25 +740,10 @@ def test_the_playbook_preflight_refuses_and_never_prints_the_key(tmp_path):
         dict(SECOND, port="8000", name="chat\nx", engine={"extra_args": ["--api_key=" + OTHER_KEY]}),
     ]
     (tmp_path / "vars.json").write_text(json.dumps({"vllm_instances": hostile}))
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0")
-    proc = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "ansible-playbook"),
-            "-v",
-            "-i",
-            str(ROOT / "inventories" / "example"),
-            "-l",
-            "rig-5090-01",
-            "playbooks/preflight.yml",
-            "-e",
-            f"@{tmp_path / 'vars.json'}",
-        ],
-        check=False,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env=env,
-    )
+    proc = ansible_playbook(
+        "-v", "-i", ROOT / "inventories" / "example", "-l", "rig-5090-01", "playbooks/preflight.yml",
+        "-e", f"@{tmp_path / 'vars.json'}",
+    )  # fmt: skip
     out = proc.stdout + proc.stderr
     assert "rig-5090-01: vllm_instances refused" in out, out[-3000:]
     for words in (

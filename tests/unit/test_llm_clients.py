@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ansible_run import ansible_playbook
 
 ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location(
@@ -239,12 +240,7 @@ def run_role(tmp, extra_vars, *args):
     (tmp / "inventory.yml").write_text(yaml.safe_dump(inventory))
     play = [{"name": "llm_clients", "hosts": "workstations", "gather_facts": False, "roles": [{"role": "llm_clients"}]}]
     (tmp / "play.yml").write_text(yaml.safe_dump(play))
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
-    proc = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(tmp / "inventory.yml"), str(tmp / "play.yml"),
-         "-e", json.dumps(extra_vars), *args],
-        cwd=ROOT, capture_output=True, text=True, check=False, env=env, timeout=300,
-    )  # fmt: skip
+    proc = ansible_playbook("-i", tmp / "inventory.yml", tmp / "play.yml", "-e", json.dumps(extra_vars), *args)
     out = proc.stdout + proc.stderr
     m = re.search(r"^ws\s*:\s*ok=\d+\s+changed=(\d+)\s+unreachable=\d+\s+failed=(\d+)", out, re.M)
     return proc.returncode, out, (int(m.group(1)), int(m.group(2))) if m else None

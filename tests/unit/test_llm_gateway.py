@@ -34,6 +34,7 @@ from pathlib import Path
 import pytest
 import yaml
 from ansible.errors import AnsibleFilterError
+from ansible_run import ansible_playbook
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles" / "llm_gateway"
@@ -561,12 +562,7 @@ PLAY = [
 def playbook(tmp, inv, *extra):
     (tmp / "inventory.yml").write_text(yaml.safe_dump(inv))
     (tmp / "play.yml").write_text(yaml.safe_dump(PLAY))
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_NOCOLOR="1")
-    proc = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(tmp / "inventory.yml"), str(tmp / "play.yml"),
-         *extra],
-        cwd=ROOT, capture_output=True, text=True, check=False, env=env, timeout=300,
-    )  # fmt: skip
+    proc = ansible_playbook("-i", tmp / "inventory.yml", tmp / "play.yml", *extra)
     return proc.returncode, proc.stdout + proc.stderr
 
 

@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 import os
 import struct
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
 from ansible.module_utils import model_weights as mw
+from ansible_run import LOCALHOST, ansible_playbook
 
 FIX = Path(__file__).parent / "fixtures" / "model_weights"
 COMMIT = "046faecc3573390176703f4b4dece37da6d49a82"
@@ -558,7 +558,6 @@ def test_module_checked_lists_through_open_url(run_module, monkeypatch, tmp_path
 def test_preflight_refuses_a_python_without_the_hubs_client_by_name(tmp_path):
     """The role's preflight on the controller, with its own python as the runtime's: it has huggingface_hub
     (found, not imported) and no modelscope, which the refusal names alone, before anything is made on disk."""
-    root = Path(__file__).resolve().parents[2]
     refs = [
         {"name": "a", "model": {"source": "huggingface", "id": "Qwen/Qwen3.5-9B-Instruct", "revision": "v1.0.0"}},
         {"name": "b", "model": {"source": "modelscope", "id": "Qwen/Qwen3.5-9B", "revision": "master"}},
@@ -581,14 +580,7 @@ def test_preflight_refuses_a_python_without_the_hubs_client_by_name(tmp_path):
         ],
     }
     (tmp_path / "play.yml").write_text(yaml.safe_dump([play]))
-    proc = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local",
-            "-e", json.dumps({"ansible_python_interpreter": sys.executable}), str(tmp_path / "play.yml"),
-        ],
-        check=False, cwd=root, capture_output=True, text=True,
-        env=dict(os.environ, ANSIBLE_CONFIG=str(root / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0"),
-    )  # fmt: skip
+    proc = ansible_playbook(*LOCALHOST, tmp_path / "play.yml")
     out = " ".join(proc.stdout.split())
     assert proc.returncode != 0, out[-3000:]
     assert f"localhost: {sys.executable} has no client for modelscope (" in out, out[-3000:]

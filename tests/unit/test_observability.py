@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ansible_run import ansible_playbook
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles" / "observability"
@@ -220,16 +221,8 @@ def rendered(tmp_path_factory):
     (out / "hosts.yml").write_text(yaml.safe_dump(inventory))
     (out / "overrides.yml").write_text(f"observability__rules_file: {out}/rules/rigops.rules.yml\n")
     (out / "render.yml").write_text(RENDER.format(role=ROLE, out=out))
-    env = dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
-        ANSIBLE_FILTER_PLUGINS=f"{ROLE / 'filter_plugins'}:{ROOT / 'filter_plugins'}",
-        ANSIBLE_NOCOLOR="1",
-    )
-    proc = subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", str(out / "hosts.yml"), str(out / "render.yml")],
-        capture_output=True, text=True, check=False, timeout=180, cwd=ROOT, env=env,
-    )  # fmt: skip
+    filters = {"ANSIBLE_FILTER_PLUGINS": f"{ROLE / 'filter_plugins'}:{ROOT / 'filter_plugins'}"}
+    proc = ansible_playbook("-i", out / "hosts.yml", out / "render.yml", env=filters)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert KEY not in proc.stdout + proc.stderr
     return out

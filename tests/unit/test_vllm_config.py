@@ -31,6 +31,7 @@ from ansible.module_utils.vllm_config import (
     placement,
     validate,
 )
+from ansible_run import LOCALHOST, ansible_playbook
 
 FIX = Path(__file__).resolve().parent / "fixtures" / "vllm_service"
 ROOT = Path(__file__).resolve().parents[2]
@@ -609,18 +610,8 @@ def probe_play(tmp_path, configs, root):
         ]
         plays.append({"name": f"keep {keep}", "hosts": "localhost", "gather_facts": False, "tasks": tasks})
     (tmp_path / "play.yml").write_text(yaml.safe_dump(plays))
-    env = dict(
-        os.environ,
-        ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
-        ANSIBLE_FORCE_COLOR="0",
-        ANSIBLE_LIBRARY=str(ROOT / "roles" / "vllm_service" / "library"),
-    )
-    interpreter = json.dumps({"ansible_python_interpreter": sys.executable})
-    return subprocess.run(
-        [str(Path(sys.executable).parent / "ansible-playbook"), "-i", "localhost,", "-c", "local", "-e", interpreter,
-         str(tmp_path / "play.yml")],
-        check=False, cwd=ROOT, capture_output=True, text=True, env=env,
-    )  # fmt: skip
+    library = {"ANSIBLE_LIBRARY": str(ROOT / "roles" / "vllm_service" / "library")}
+    return ansible_playbook(*LOCALHOST, tmp_path / "play.yml", env=library)
 
 
 def test_the_role_probe_runs_vllms_parser_from_the_runtime_through_ansible(tmp_path):

@@ -20,6 +20,7 @@ import pytest
 import yaml
 from ansible.errors import AnsibleFilterError
 from ansible.module_utils.vllm_config import build_configs, load, placement, validate
+from ansible_run import LOCALHOST, ansible_playbook
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles" / "vllm_service"
@@ -272,26 +273,8 @@ def test_the_role_renders_the_sandbox_rig_file_through_ansible(tmp_path):
         }
     ]
     (tmp_path / "play.yml").write_text(yaml.safe_dump(play, allow_unicode=True))
-    env = dict(os.environ, ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0")
-    proc = subprocess.run(
-        [
-            str(Path(sys.executable).parent / "ansible-playbook"),
-            "-i",
-            "localhost,",
-            "-c",
-            "local",
-            "-e",
-            json.dumps({"ansible_python_interpreter": sys.executable}),
-            "-e",
-            "@" + str(ROOT / "inventories" / "sandbox" / "group_vars" / "all" / "vllm_service.yml"),
-            str(tmp_path / "play.yml"),
-        ],
-        check=False,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env=env,
-    )
+    sandbox_vars = ROOT / "inventories" / "sandbox" / "group_vars" / "all" / "vllm_service.yml"
+    proc = ansible_playbook(*LOCALHOST, "-e", f"@{sandbox_vars}", tmp_path / "play.yml")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert (tmp_path / "alpha.toml").read_text() == (FIX / "alpha.config.toml").read_text()
     beta = load(tmp_path / "beta.toml")
