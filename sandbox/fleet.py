@@ -803,7 +803,8 @@ def set_aside(name: str) -> Path | None:
     podman's storage lock (podman 4.3), 15-60 s in which every other lane's podman command waits
     too. Renamed within the same filesystem the files leave at once; delete_in_background deletes
     them after. None (podman deletes them itself) where that cannot be done: a user without the
-    rights (rootless podman), a container without an upper layer.
+    rights (rootless podman), a container without an upper layer. When a rename fails halfway, what
+    moved is returned all the same (to be deleted now) and podman deletes the rest.
     """
     proc = podman("container", "inspect", "--format", "{{.GraphDriver.Data.UpperDir}}", name, check=False)
     upper = Path(proc.stdout.strip()) if proc.returncode == 0 and proc.stdout.strip() else None
@@ -811,13 +812,14 @@ def set_aside(name: str) -> Path | None:
         return None
     # beside the layers: podman bind-mounts its overlay folder onto itself, a rename across mounts fails
     trash = upper.parents[1] / "rigops-trash"
+    target = None
     try:
         trash.mkdir(mode=0o700, exist_ok=True)
         target = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=trash))
         for entry in upper.iterdir():
             entry.rename(target / entry.name)
     except OSError:
-        return None
+        pass
     return target
 
 

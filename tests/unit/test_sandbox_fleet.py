@@ -1,0 +1,57 @@
+"""sandbox/fleet.py's pieces that need no podman: what a removed host wrote, set aside for deletion."""
+
+import errno
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "sandbox"))
+import fleet  # noqa: E402
+
+
+def upper_layer(tmp_path, monkeypatch, names):
+    """A container's upper layer as podman lays it out (<storage>/overlay/<id>/diff), and podman's
+    inspect answering with it."""
+    upper = tmp_path / "overlay" / "0123abcd" / "diff"
+    upper.mkdir(parents=True)
+    for name in names:
+        (upper / name).write_text(name)
+    answer = SimpleNamespace(returncode=0, stdout=f"{upper}\n", stderr="")
+    monkeypatch.setattr(fleet, "podman", lambda *args, **kwargs: answer)
+    return upper
+
+
+def test_the_files_move_beside_the_layers(tmp_path, monkeypatch):
+    upper = upper_layer(tmp_path, monkeypatch, ["etc", "usr", "var"])
+    target = fleet.set_aside("rigops-a")
+    assert target.parent == tmp_path / "overlay" / "rigops-trash" and target.name.startswith("rigops-a-")
+    assert sorted(p.name for p in target.iterdir()) == ["etc", "usr", "var"]
+    assert list(upper.iterdir()) == []
+
+
+def test_a_rename_failing_halfway_returns_what_moved(tmp_path, monkeypatch):
+    """What moved is deleted with the set-aside files now (not left in the trash until a later run);
+    what did not is podman's to delete."""
+    upper = upper_layer(tmp_path, monkeypatch, ["etc", "usr", "var"])
+    rename, calls = Path.rename, []
+
+    def failing_second(self, target):
+        calls.append(self.name)
+        if len(calls) == 2:
+            raise OSError(errno.EXDEV, "Invalid cross-device link")
+        return rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", failing_second)
+    target = fleet.set_aside("rigops-b")
+    assert target is not None
+    moved, left = {p.name for p in target.iterdir()}, {p.name for p in upper.iterdir()}
+    assert len(moved) == 1 and moved | left == {"etc", "usr", "var"} and not moved & left
+
+
+def test_nothing_to_set_aside_without_an_upper_layer(tmp_path, monkeypatch):
+    monkeypatch.setattr(fleet, "podman", lambda *args, **kwargs: SimpleNamespace(returncode=125, stdout="", stderr=""))
+    assert fleet.set_aside("rigops-c") is None
+    upper_layer(tmp_path, monkeypatch, [])
+    (tmp_path / "overlay" / "rigops-trash").write_text("not a folder")  # the trash cannot be made
+    assert fleet.set_aside("rigops-d") is None
