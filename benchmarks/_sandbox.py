@@ -11,8 +11,9 @@ A benchmark script imports it as ``import _sandbox`` (Python puts the script's f
 - inventory: ``ssh_vars`` connects like ``inventories/sandbox`` does (SSH to 127.0.0.1:<port>
   as the sandbox user with sudo, the sandbox key pair, host key checking on);
 - playbooks: ``run_playbook`` times one ``ansible-playbook`` run from the project root
-  with the project's ``ansible.cfg`` and takes its CPU time on the controller;
-  ``changed_count``, ``task_count`` and ``recap`` read its output.
+  with the project's ``ansible.cfg`` and takes its CPU time on the controller and the
+  machine's (``proc_stat``: every process, the hosts' too); ``changed_count``, ``task_count``
+  and ``recap`` read its output.
 """
 
 from __future__ import annotations
@@ -141,16 +142,27 @@ def write_json(path: Path, data: object) -> Path:
 # --------------------------------------------------------------------------- playbooks
 
 
+def proc_stat() -> tuple[float, float]:
+    """(busy, idle) CPU seconds of all cores since boot, from /proc/stat's first line."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    user, nice, system, idle, iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
+    hz = os.sysconf("SC_CLK_TCK")
+    return (user + nice + system + irq + softirq + steal) / hz, (idle + iowait) / hz
+
+
 @dataclass
 class Run:
     """One timed ansible-playbook run; ``cpu_seconds``: the CPU time (user + system) of
-    ansible-playbook and of the processes it waited for (its forks, ssh), on the controller."""
+    ansible-playbook and of the processes it waited for (its forks, ssh), on the controller;
+    ``machine_seconds``: the busy CPU time of the whole machine meanwhile (every process, the
+    sandbox hosts' included)."""
 
     seconds: float
     rc: int
     stdout: str
     stderr: str
     cpu_seconds: float = 0.0
+    machine_seconds: float = 0.0
 
     @property
     def output(self) -> str:
@@ -181,13 +193,13 @@ def run_playbook(
 ) -> Run:
     """Run ansible-playbook from the project root (its ansible.cfg applies); only the run itself is timed."""
     cmd = playbook_cmd(playbook, inventories, *extra)
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    before, busy_before = resource.getrusage(resource.RUSAGE_CHILDREN), proc_stat()[0]
     start = time.monotonic()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False, env=dict(env or ENV))
     seconds = time.monotonic() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    after, busy_after = resource.getrusage(resource.RUSAGE_CHILDREN), proc_stat()[0]
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    return Run(seconds, proc.returncode, proc.stdout, proc.stderr, cpu)
+    return Run(seconds, proc.returncode, proc.stdout, proc.stderr, cpu, busy_after - busy_before)
 
 
 def cpu_floor(cpu_seconds: float, cores: int, base_seconds: float) -> float:

@@ -38,6 +38,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from _sandbox import proc_stat
+
 # struct acct_v3 (linux/acct.h): flag, version, tty, exitcode, uid, gid, pid, ppid, btime,
 # etime (float), utime, stime, mem, io, rw, minflt, majflt, swaps (comp_t), comm[16]
 RECORD = struct.Struct("<BBHIIIIIIf8H16s")
@@ -84,14 +86,6 @@ def summarise(processes: list[Process]) -> list[dict]:
         count[key] += 1
     rows = [{"name": k[0], "user": k[1], "cpu_s": round(v, 2), "processes": count[k]} for k, v in cpu.items()]
     return sorted(rows, key=lambda r: (-r["cpu_s"], r["name"]))
-
-
-def proc_stat() -> tuple[float, float]:
-    """(busy, idle) CPU seconds of all cores since boot, from /proc/stat's first line."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
-    user, nice, system, idle, iowait, irq, softirq, steal = (fields + [0] * 8)[:8]
-    hz = os.sysconf("SC_CLK_TCK")
-    return (user + nice + system + irq + softirq + steal) / hz, (idle + iowait) / hz
 
 
 def account(path: str | None) -> None:

@@ -269,7 +269,7 @@ def fake_fleet(monkeypatch, site_rcs=None):
         scale = 1.0 if connection == "ssh" else 0.5
         cpu = {"controller": 5.0 * len(rigs) * scale, "rigs": 3.0 * len(rigs) * scale}
         return {"seconds": 10.0 * len(rigs) * scale, "rc": next(rcs, 0), "changed": 0, "tasks": 50 * len(rigs),
-                "cpu": cpu, "report": report}  # fmt: skip
+                "cpu": cpu, "others": 0.2, "report": report}  # fmt: skip
 
     monkeypatch.setattr(sb, "fleet_down", fleet_down)
     monkeypatch.setattr(sb, "fleet_up", fleet_up)
@@ -358,6 +358,33 @@ def test_main_job_rerun_ratio_and_table():
     sizes[4] = row(400.0, 120.0)
     results["rerun_ratio"] = main_job.rerun_ratio(sizes, cores=2)
     assert "4 rigs / 1 rig: 1.55x (goal <= 1.5x: missed)" in main_job.format_results(results)
+
+
+def test_main_job_flags_a_ratio_measured_on_a_busy_machine():
+    """Other processes' CPU during a rerun of the ratio (the rigs share the controller's cores) above a tenth
+    of the rerun's own: the ratio is flagged, whichever rerun it slowed; below, nothing is said."""
+    sizes = {1: row(100.0, 60.0), 2: row(100.0, 45.0), 4: row(300.0, 80.0, cpu=(50.0, 95.0))}
+    sizes[1]["rerun"]["others"], sizes[4]["rerun"]["others"] = 13.0, 3.0  # 1 rig: 13 of 26 CPU-s; 4: 3 of 145
+    ratio = main_job.rerun_ratio(sizes, cores=2)
+    assert ratio["busy"] == {1: {"others_seconds": 13.0, "share": 0.5}}
+    text = main_job.format_results({"sizes": sizes, "rerun_ratio": ratio})
+    assert "  no-op rerun, 4 rigs / 1 rig: 1.33x (goal <= 1.5x: met)" in text
+    assert text.splitlines()[-1] == (
+        "  NOT IDLE: other processes took 13.0 CPU-s during the no-op rerun of 1 rig (50% of its own): "
+        "this ratio does not hold; measure on an idle machine"
+    )
+    sizes[1]["rerun"]["others"] = 2.5  # under a tenth of 26
+    ratio = main_job.rerun_ratio(sizes, cores=2)
+    assert "busy" not in ratio and "NOT IDLE" not in main_job.format_results({"sizes": sizes, "rerun_ratio": ratio})
+
+
+def test_run_playbook_takes_the_machines_cpu_too(monkeypatch):
+    """The machine's busy CPU during a run, from /proc/stat: at least what the run itself took."""
+    burn = "import time; t = time.process_time(); [0 for _ in iter(lambda: time.process_time() - t > 0.3, True)]"
+    monkeypatch.setattr(sb, "playbook_cmd", lambda *args: [sys.executable, "-c", burn])
+    run = sb.run_playbook("x.yml", [])
+    assert run.rc == 0 and run.cpu_seconds >= 0.3
+    assert run.machine_seconds >= run.cpu_seconds - 0.05
 
 
 def test_main_job_ratio_of_other_sizes_has_no_goal():
