@@ -57,12 +57,12 @@ VENV = "/opt/rigops-bench/hubclients"
 PORTS = [2355, 2356, 2357, 2358, 2365, 2366, 2367, 2368]
 CACHE = ("bench-mwc", "nogpu", 2369)
 CACHE_URL = "http://rigops-bench-mwc:8081"
-PULL_DIR = "/opt/rigops-bench/pull"  # on the hosts: Ansible's module_utils with the project's
+PULL_DIR = "/opt/rigops-bench/pull"  # on the hosts: Ansible's module_utils and the collection's
 PULL_STORE = "/srv/rigops/cache/models/_bench"  # on the cache host, served under /models/_bench/
 PULL_SCRIPT = """
 import json, os, sys, time
-from ansible.module_utils.model_staging import cache_pull
-from ansible.module_utils.model_weights import verify_files
+from ansible_collections.rigops.fleet.plugins.module_utils.model_weights import cache_pull
+from ansible_collections.rigops.fleet.plugins.module_utils.model_weights_plan import verify_files
 url, size, sha256, folder = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
 start = time.time()
 why = cache_pull(url, os.path.join(folder, "pull.bin"), size, {}, 120)
@@ -141,22 +141,19 @@ def fill_cache(workdir: Path, cache: dict) -> dict:
 
 
 def prepare_pull(containers: list[str]) -> None:
-    """The pull code on each host: Ansible's module_utils (open_url) and the project's, as a module gets them."""
+    """The pull code on each host: Ansible's module_utils (open_url) and the collection's, as a module gets them."""
     ansible_utils = Path(ansible.module_utils.__file__).parent
+    ours = "ansible_collections/rigops/fleet/plugins/module_utils"
     for container in containers:
         podman_exec(container, "rm", "-rf", PULL_DIR, check=True)
-        podman_exec(container, "mkdir", "-p", f"{PULL_DIR}/ansible", check=True)
+        podman_exec(container, "mkdir", "-p", f"{PULL_DIR}/ansible", f"{PULL_DIR}/{ours}", check=True)
         podman_exec(container, "touch", f"{PULL_DIR}/ansible/__init__.py", check=True)
         subprocess.run(
             ["podman", "cp", str(ansible_utils), f"{container}:{PULL_DIR}/ansible/module_utils"], check=True, env=ENV
         )
-        for name in ("model_staging.py", "model_weights.py"):
-            source = sb.ROOT / "module_utils" / name
-            subprocess.run(
-                ["podman", "cp", str(source), f"{container}:{PULL_DIR}/ansible/module_utils/{name}"],
-                check=True,
-                env=ENV,
-            )
+        for name in ("model_weights.py", "model_weights_plan.py"):
+            source = sb.ROOT / "plugins" / "module_utils" / name
+            subprocess.run(["podman", "cp", str(source), f"{container}:{PULL_DIR}/{ours}/{name}"], check=True, env=ENV)
 
 
 def pull_once(container: str, size: int, sha256: str) -> dict:

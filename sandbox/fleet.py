@@ -96,7 +96,7 @@ def log(msg: str) -> None:
 def podman_command() -> list[str]:
     """podman, with overlay's metacopy where podman runs as root on a kernel that has it.
 
-    A new runtime release is seeded from the live one with hardlinks (module_utils/release_seed.py):
+    A new runtime release is seeded from the live one with hardlinks (plugins/module_utils/vllm_runtime_seed.py):
     free on a disk, but on overlay without metacopy each link first copies the whole file up from
     the image (3.5 GB and about 45 s per host for the CPU runtime). With metacopy only the metadata
     is copied up. A global flag rather than a storage.conf: the command podman leaves for a

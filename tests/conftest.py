@@ -1,16 +1,10 @@
-"""Make the project's module_utils importable the way Ansible loads them.
+"""The collection's Python is imported as Ansible imports it: by collection path.
 
-Modules import their logic as ``ansible.module_utils.<name>``; unit tests import the
-same path, so what is tested is what runs on the host.
+pyproject.toml puts .collections (where ansible_collections/rigops/fleet links back to this
+checkout) on pytest's path, so ``ansible_collections.rigops.fleet.plugins...`` is the code under test.
 """
 
-import sys
 from pathlib import Path
-
-import ansible.module_utils
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
-
-ansible.module_utils.__path__.append(str(ROOT / "module_utils"))
-sys.path.insert(0, str(ROOT / "library"))

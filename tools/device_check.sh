@@ -7,7 +7,7 @@
 # 1. captures nvidia-smi -q -x, --query-gpu=index,uuid,name,memory.total,driver_version,compute_cap,
 #    persistence_mode (csv,noheader,nounits), topo -m and topo -p2p r into FOLDER, as fixtures with a
 #    header naming the machine and the date (in the XML a comment after its declaration);
-# 2. parses them with the project's parsers (module_utils/nvidia_smi.py, nvidia_topology.py: python3 and
+# 2. parses them with the project's parsers (plugins/module_utils/nvidia_smi.py, nvidia_topology.py: python3 and
 #    its standard library only) and checks that they agree;
 # 3. runs the modules nvidia_gpu_facts and gpu_topology against the driver through Ansible (localhost, the
 #    project's ansible.cfg). They need ansible-core (AnsibleModule, AnsiballZ): without `ansible` the step
@@ -58,14 +58,15 @@ capture topo-p2p-r.txt topo -p2p r
 captured=$((1 - failed)) # without the captures the driver cannot be read: steps 3 and 4 are skipped
 
 # 2. The project's parsers on the captures (standard library only): one line of figures, or the problems.
-parsed=$("$py" - "$root/module_utils" "$out" 2>>"$log" <<'PY' || true
+parsed=$(PYTHONPATH="$root/.collections" "$py" - "$out" 2>>"$log" <<'PY' || true
 import json, sys
-sys.path.insert(0, sys.argv[1])
-from nvidia_smi import QUERY_GPU_FIELDS, build_gpu_facts, parse_query_gpu_csv, parse_smi_xml
-from nvidia_topology import link_rank, parse_p2p_matrix, parse_topo_matrix
+from ansible_collections.rigops.fleet.plugins.module_utils.nvidia_smi import (
+    QUERY_GPU_FIELDS, build_gpu_facts, parse_query_gpu_csv, parse_smi_xml)
+from ansible_collections.rigops.fleet.plugins.module_utils.nvidia_topology import (
+    link_rank, parse_p2p_matrix, parse_topo_matrix)
 
 def read(name):
-    with open(f"{sys.argv[2]}/{name}") as fh:
+    with open(f"{sys.argv[1]}/{name}") as fh:
         return fh.read()
 
 xml = parse_smi_xml(read("nvidia-smi-q-x.xml"))
@@ -97,7 +98,7 @@ modules="skipped(no ansible)"
 if [[ $captured == 1 ]] && command -v ansible >/dev/null; then
     modules=ok
     # gpu_topology reports its gate's findings; it fails here only when it cannot read the topology.
-    for call in "nvidia_gpu_facts" "gpu_topology -a {\"fail_on\":[\"topology_unreadable\"]}"; do
+    for call in "rigops.fleet.nvidia_gpu_facts" "rigops.fleet.gpu_topology -a {\"fail_on\":[\"topology_unreadable\"]}"; do
         read -r -a words <<<"$call"
         (cd "$root" && ansible localhost -i localhost, -c local -e "ansible_python_interpreter=$py" \
             -m "${words[@]}") >>"$log" 2>&1 || { modules=FAILED && fail "module ${words[0]}"; }

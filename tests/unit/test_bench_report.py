@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
+from ansible_collections.rigops.fleet.plugins.filter import bench as bench_filters
 from ansible_run import ansible_playbook
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,8 +32,6 @@ SCRIPT = ROOT / "roles" / "bench" / "files" / "rigops-bench"
 REFERENCES = ROOT / "roles" / "bench" / "files" / "references.yml"
 
 sys.path.insert(0, str(ROOT / "tools"))
-sys.path.insert(0, str(ROOT / "roles" / "bench" / "filter_plugins"))
-import bench as bench_filters  # noqa: E402
 import bench_report  # noqa: E402
 
 

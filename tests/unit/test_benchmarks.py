@@ -3,7 +3,7 @@
 The benchmark scripts import their shared helper as ``import _sandbox`` (as scripts,
 their own folder is first on sys.path). Here they are loaded by file path under names of
 their own, with the helper registered first: putting benchmarks/ on sys.path would let
-benchmarks/model_weights.py shadow library/model_weights.py for the other tests.
+benchmarks/model_weights.py shadow plugins/modules/model_weights.py for the other tests.
 """
 
 import importlib.util
@@ -200,7 +200,10 @@ def test_model_weights_cache_pull_figures_per_host_and_in_all():
     text = "\n".join(model_weights.format_pull({"megabytes": 1024, "rows": [row]}))
     assert "a 1024 MiB file" in text and "2.15-4.29" in text
     # the code the hosts run is the role's: the script imports the pull and the check model_weights uses
-    assert "from ansible.module_utils.model_staging import cache_pull" in model_weights.PULL_SCRIPT
+    assert (
+        "from ansible_collections.rigops.fleet.plugins.module_utils.model_weights import cache_pull"
+        in model_weights.PULL_SCRIPT
+    )
     assert "verify_files(" in model_weights.PULL_SCRIPT
 
 

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ansible.module_utils import vllm_devices
-from ansible.module_utils.nvidia_smi import build_gpu_facts, parse_smi_xml
-from ansible.module_utils.vllm_config import build_env, load, validate
+from ansible_collections.rigops.fleet.plugins.module_utils import vllm_devices
+from ansible_collections.rigops.fleet.plugins.module_utils.nvidia_smi import build_gpu_facts, parse_smi_xml
+from ansible_collections.rigops.fleet.plugins.module_utils.vllm_config import build_env, load, validate
 from ansible_run import LOCALHOST, ansible_playbook
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -274,7 +274,7 @@ def test_the_launcher_itself_sets_those_names(rendered, tmp_path):
         "PATH": f"{smi.parent}:/usr/bin:/bin",
         "LANG": "C.UTF-8",
         "RUNTIME_DIRECTORY": "/run/vllm-chat",
-        "PYTHONPATH": str(ROOT / "module_utils"),
+        "PYTHONPATH": str(ROOT / ".collections"),
     }
     proc = subprocess.run(
         [sys.executable, str(LAUNCHER), "--dry-run", str(tmp_path / "config.toml")],
@@ -291,7 +291,7 @@ def test_the_launcher_itself_sets_those_names(rendered, tmp_path):
     assert "--tensor-parallel-size=4" in out["argv"]
 
 
-# ---------------------------------------------------------------- the plan (module_utils/vllm_devices.py)
+# ---------------------------------------------------------------- the plan (plugins/module_utils/vllm_devices.py)
 def test_a_real_capture_whose_minor_is_not_its_index():
     facts = build_gpu_facts(parse_smi_xml(A100.read_text()), None)
     assert facts["gpus"][0]["index"] == 0 and facts["gpus"][0]["minor_number"] == 1

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ansible.module_utils.jetson_platform import (
+from ansible_collections.rigops.fleet.plugins.module_utils.jetson_platform import (
     explain_swapon_failure,
     health_summary,
     identify_board,
@@ -325,7 +325,7 @@ def nvpmodel_q():
 
 
 def test_power_mode_module_changes_only_what_differs(board, run_module):
-    import jetson_power_mode  # noqa: PLC0415
+    from ansible_collections.rigops.fleet.plugins.modules import jetson_power_mode  # noqa: PLC0415
 
     root = board("jetson-thor")
     args = {"nvpmodel_path": str(HW / "bin" / "nvpmodel"), "status_file": str(root / "var/lib/nvpmodel/status")}
@@ -339,7 +339,7 @@ def test_power_mode_module_changes_only_what_differs(board, run_module):
 
 
 def test_power_mode_module_refuses_a_reboot_it_may_not_do(board, run_module):
-    import jetson_power_mode  # noqa: PLC0415
+    from ansible_collections.rigops.fleet.plugins.modules import jetson_power_mode  # noqa: PLC0415
 
     root = board("jetson-thor")
     args = {"nvpmodel_path": str(HW / "bin" / "nvpmodel"), "status_file": str(root / "var/lib/nvpmodel/status")}
@@ -350,7 +350,7 @@ def test_power_mode_module_refuses_a_reboot_it_may_not_do(board, run_module):
 
 
 def test_power_mode_module_records_the_mode_for_the_boot(board, run_module):
-    import jetson_power_mode  # noqa: PLC0415
+    from ansible_collections.rigops.fleet.plugins.modules import jetson_power_mode  # noqa: PLC0415
 
     root = board("jetson-thor")
     args = {"nvpmodel_path": str(HW / "bin" / "nvpmodel"), "status_file": str(root / "var/lib/nvpmodel/status")}
@@ -366,7 +366,7 @@ def test_power_mode_module_records_the_mode_for_the_boot(board, run_module):
 
 
 def test_power_mode_module_in_check_mode_changes_nothing(board, run_module):
-    import jetson_power_mode  # noqa: PLC0415
+    from ansible_collections.rigops.fleet.plugins.modules import jetson_power_mode  # noqa: PLC0415
 
     board("jetson-orin")
     failed, result = run_module(
@@ -376,7 +376,7 @@ def test_power_mode_module_in_check_mode_changes_nothing(board, run_module):
 
 
 def test_power_mode_module_reports_nvpmodel_failures(board, run_module, monkeypatch):
-    import jetson_power_mode  # noqa: PLC0415
+    from ansible_collections.rigops.fleet.plugins.modules import jetson_power_mode  # noqa: PLC0415
 
     board("jetson-orin")
     monkeypatch.setenv("NVIDIA_SIM_FAKE_EUID", "1000")  # not root
@@ -385,7 +385,7 @@ def test_power_mode_module_reports_nvpmodel_failures(board, run_module, monkeypa
 
 
 def test_facts_module_reads_a_sandbox_board(board, run_module, tmp_path):
-    import jetson_platform_facts  # noqa: PLC0415
+    from ansible_collections.rigops.fleet.plugins.modules import jetson_platform_facts  # noqa: PLC0415
 
     root = board("jetson-orin")
     swap = tmp_path / "swapfile"
@@ -419,7 +419,7 @@ def test_facts_module_reads_a_sandbox_board(board, run_module, tmp_path):
 
 @pytest.mark.parametrize("profile, total", [("jetson-thor", 125772), ("jetson-orin", 62801)])
 def test_tegrastats_module_takes_one_sample_and_stops_it(board, run_module, profile, total):
-    import jetson_tegrastats  # noqa: PLC0415
+    from ansible_collections.rigops.fleet.plugins.modules import jetson_tegrastats  # noqa: PLC0415
 
     board(profile)
     failed, result = run_module(
@@ -435,7 +435,7 @@ def test_tegrastats_module_takes_one_sample_and_stops_it(board, run_module, prof
 
 
 def test_tegrastats_module_reports_a_tool_that_prints_nothing(run_module, tmp_path):
-    import jetson_tegrastats  # noqa: PLC0415
+    from ansible_collections.rigops.fleet.plugins.modules import jetson_tegrastats  # noqa: PLC0415
 
     silent = tmp_path / "tegrastats"
     silent.write_text("#!/bin/sh\necho 'Error: not a Jetson' >&2\nexit 1\n")
@@ -449,7 +449,7 @@ def test_power_mode_module_sets_a_live_mode_when_nvpmodel_never_reads_the_answer
     the answer (a live switch, done at once) must not fail the task with a broken pipe. A race: with
     run_command's write, this failed when the wrapper closed its stdin before the write (seen in the suite's
     jetson converge on 2026-12-02 and here), and passed when the write came first."""
-    import jetson_power_mode  # noqa: PLC0415
+    from ansible_collections.rigops.fleet.plugins.modules import jetson_power_mode  # noqa: PLC0415
 
     root = board("jetson-thor")
     closed = tmp_path / "nvpmodel-closed-stdin"

@@ -1,4 +1,4 @@
-"""Client settings for the LLM gateway: roles/llm_clients and the filter rigops_clients_settings.
+"""Client settings for the LLM gateway: roles/llm_clients and the filter rigops.fleet.clients_settings.
 
 - The files from plain data: the key only where asked for (inline), the active model everywhere,
   Codex's TOML and the JSON files read back, Claude Code pointed at the gateway's Messages API.
@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -26,14 +25,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ansible_collections.rigops.fleet.plugins.filter import llm_clients as gw
 from ansible_run import ansible_playbook
 
 ROOT = Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location(
-    "rigops_gateway_filters_clients", ROOT / "filter_plugins" / "rigops_gateway.py"
-)
-gw = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(gw)
 
 KEY = "alice-client-key-0123456789abcdef0123456789abcdef"
 SUMMARY = {
@@ -238,7 +233,14 @@ def run_role(tmp, extra_vars, *args):
         }
     }  # fmt: skip
     (tmp / "inventory.yml").write_text(yaml.safe_dump(inventory))
-    play = [{"name": "llm_clients", "hosts": "workstations", "gather_facts": False, "roles": [{"role": "llm_clients"}]}]
+    play = [
+        {
+            "name": "llm_clients",
+            "hosts": "workstations",
+            "gather_facts": False,
+            "roles": [{"role": "rigops.fleet.llm_clients"}],
+        }
+    ]
     (tmp / "play.yml").write_text(yaml.safe_dump(play))
     proc = ansible_playbook("-i", tmp / "inventory.yml", tmp / "play.yml", "-e", json.dumps(extra_vars), *args)
     out = proc.stdout + proc.stderr

@@ -1,4 +1,4 @@
-"""The LLM gateway: roles/llm_gateway and filter_plugins/rigops_gateway.py.
+"""The LLM gateway: roles/llm_gateway and plugins/filter/llm_gateway.py.
 
 - The routing table and the preflight's refusals, from plain data.
 - With a real nginx + njs on 127.0.0.1 (skipped when nginx or its njs module is not installed:
@@ -34,6 +34,8 @@ from pathlib import Path
 import pytest
 import yaml
 from ansible.errors import AnsibleFilterError
+from ansible_collections.rigops.fleet.plugins.filter import llm_gateway as gw
+from ansible_collections.rigops.fleet.plugins.module_utils import llm_gateway as http
 from ansible_run import ansible_playbook
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,16 +44,6 @@ TOOL = ROLE / "files" / "rigops-llm-gateway-config"
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
 NJS = Path("/usr/lib/nginx/modules/ngx_http_js_module.so")
 
-
-def _load(name, path):
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-gw = _load("rigops_gateway_filters", ROOT / "filter_plugins" / "rigops_gateway.py")
-http = _load("llm_gateway_http", ROOT / "module_utils" / "llm_gateway_http.py")
 
 NO_NGINX = "nginx with njs not installed (apt-get install nginx libnginx-mod-http-js)"
 needs_nginx = pytest.mark.skipif(NGINX is None or not NJS.exists(), reason=NO_NGINX)
@@ -332,7 +324,7 @@ def test_summary_has_no_key_nor_hash_and_san():
     with pytest.raises(ValueError, match="neither an IP address nor a DNS name"):
         gw.san(["bad name"])
     with pytest.raises(AnsibleFilterError):
-        gw.FilterModule().filters()["rigops_gateway_san"](["bad name"])
+        gw.FilterModule().filters()["gateway_san"](["bad name"])
 
 
 # --------------------------------------------------------------------------- stand-in upstreams
@@ -548,11 +540,11 @@ PLAY = [
             },
             {
                 "name": "Preflight",
-                "ansible.builtin.import_role": {"name": "llm_gateway", "tasks_from": "preflight.yml"},
+                "ansible.builtin.import_role": {"name": "rigops.fleet.llm_gateway", "tasks_from": "preflight.yml"},
             },
             {
                 "name": "Configure",
-                "ansible.builtin.import_role": {"name": "llm_gateway", "tasks_from": "configure.yml"},
+                "ansible.builtin.import_role": {"name": "rigops.fleet.llm_gateway", "tasks_from": "configure.yml"},
             },
         ],
     }

@@ -1,589 +1,817 @@
-"""module_utils/model_weights.py on listings captured from the sandbox hub stand-in.
+"""plugins/module_utils/model_weights.py on real files in tmp_path, with captured hub answers.
 
-Fixtures (tests/unit/fixtures/model_weights/): the API replies the hub clients read
-(ModelScope revisions and repo/files, Hugging Face revision info and tree, 404 bodies),
-config.json and model.safetensors.index.json of the sharded tiny model, and the real
-header of its second shard.
+The hub's API answers are the ones captured from the sandbox hub stand-in
+(tests/unit/fixtures/model_weights/). The client run is replaced by StandInClient, which
+writes the requested files into the folder it is given, as the real client does, and can
+drop, corrupt or truncate files. Only config.json, model.safetensors.index.json and the
+header of the second shard exist as real bytes in the fixtures; the other files are
+stand-in bytes of the listed size (whole safetensors shards for *.safetensors), and their
+sha256 (ModelScope) or LFS sha256 / git blob id (Hugging Face) in the captured listing are
+replaced by those of the stand-in bytes. Paths, sizes, commits and the answers' structure
+are the hub's.
 """
 
 from __future__ import annotations
 
+import copy
+import grp
+import hashlib
 import json
 import os
+import pwd
+import stat
 import struct
-import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
-import yaml
-from ansible.module_utils import model_weights as mw
-from ansible_run import LOCALHOST, ansible_playbook
+from ansible_collections.rigops.fleet.plugins.module_utils import model_weights as ms
+from ansible_collections.rigops.fleet.plugins.module_utils import model_weights_plan as mw
 
 FIX = Path(__file__).parent / "fixtures" / "model_weights"
 COMMIT = "046faecc3573390176703f4b4dece37da6d49a82"
+ENDPOINT = "https://hub.test"
+MODELS = {"modelscope": "Qwen/Qwen3.5-9B", "huggingface": "Qwen/Qwen3.5-9B-Instruct"}
+REVISION = {"modelscope": "master", "huggingface": "main"}
+REAL = ("config.json", "model.safetensors.index.json")
 
 
 def load(name):
     return json.loads((FIX / name).read_text())
 
 
-def inst(name, **model):
-    """A model reference, as rigops_model_refs publishes it for the plan: name and model fields only."""
-    return {"name": name, "model": model}
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
-# --- plan -------------------------------------------------------------------------------
+def git_oid(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
-def test_plan_dedups_models_and_keeps_instances():
-    fleet = {
-        "rig1": [
-            inst("a", source="modelscope", id="Qwen/Qwen3.5-9B"),
-            inst("b", source="modelscope", id="Qwen/Qwen3.5-9B", revision="master"),
-            inst("c", source="huggingface", id="Qwen/Qwen3.5-9B-Instruct", revision="v0.9.0"),
-        ]
-    }
-    models = mw.plan("rig1", fleet)["models"]
-    assert [m["key"] for m in models] == [
-        "huggingface:Qwen/Qwen3.5-9B-Instruct@v0.9.0",
-        "modelscope:Qwen/Qwen3.5-9B@master",
-    ]
-    assert models[1]["instances"] == ["a", "b"]
-    assert {m["role"] for m in models} == {"download"}
+def safetensors(size: int) -> bytes:
+    """A whole safetensors file of exactly `size` bytes (one U8 tensor, header padded with spaces)."""
+    n = 128
+    length = size - 8 - n
+    header = json.dumps({"w": {"dtype": "U8", "shape": [length], "data_offsets": [0, length]}}).encode()
+    return struct.pack("<Q", n) + header.ljust(n, b" ") + b"\1" * length
 
 
-def test_plan_controller_first_host_needing_it_downloads():
-    fleet_model = {"source": "controller", "hub": "huggingface", "id": "Org/M", "revision": "v1"}
-    fleet = {
-        "rig0": [inst("x", source="local", path="/m")],
-        "rig1": [inst("f", **fleet_model)],
-        "rig2": [inst("f", **fleet_model), inst("g", **fleet_model)],
-    }
-    one = mw.plan("rig1", fleet)["models"]
-    two = mw.plan("rig2", fleet)["models"]
-    assert one[0]["role"] == "download" and one[0]["cache_host"] == "rig1"
-    assert two[0]["role"] == "copy" and two[0]["cache_host"] == "rig1" and two[0]["instances"] == ["f", "g"]
-    assert mw.plan("rig0", fleet)["models"][0]["role"] == "local"
+def stand_in(path: str, size: int) -> bytes:
+    if path in REAL:
+        data = (FIX / path).read_bytes()
+    elif path == "model-00002-of-00003.safetensors":
+        header = (FIX / "shard2_header.bin").read_bytes()
+        data = header + b"\0" * (size - len(header))
+    elif path.endswith(".safetensors"):
+        data = safetensors(size)
+    else:
+        data = (f"{path} of the stand-in repository\n".encode() * (size // 20 + 1))[:size]
+    assert len(data) == size
+    return data
 
 
-def test_plan_explicit_cache_host_stages_models_it_does_not_serve():
-    fleet_model = {"source": "controller", "hub": "modelscope", "id": "Org/M"}
-    fleet = {"cache": [], "rig1": [inst("f", **fleet_model)]}
-    cache = mw.plan("cache", fleet, "cache")["models"]
-    assert cache == [dict(cache[0], role="download", instances=[], cache_host="cache")]
-    assert mw.plan("rig1", fleet, "cache")["models"][0]["role"] == "copy"
-    with pytest.raises(ValueError, match="not a host of this play"):
-        mw.plan("rig1", fleet, "elsewhere")
-
-
-def test_plan_fleet_cache_models_are_pulled_by_every_host_itself():
-    cached = {"source": "fleet_cache", "hub": "huggingface", "id": "Org/M", "revision": "v1"}
-    fleet = {"rig1": [inst("f", **cached)], "rig2": [inst("f", **cached), inst("g", **cached)]}
-    for host in fleet:
-        (model,) = mw.plan(host, fleet)["models"]
-        assert model["role"] == "download" and model["source"] == "fleet_cache" and model["cache_host"] == ""
-        assert model["key"] == "huggingface:Org/M@v1"
-
-
-def test_cache_entry_finds_the_revision_or_its_commit_and_names_what_the_cache_holds():
-    files = [{"path": "config.json", "size": 3, "sha256": "a" * 64}]
-    index = {"models": [{"hub": "huggingface", "id": "Org/M", "revision": "v1", "commit": COMMIT, "files": files}]}
-    assert mw.cache_entry(index, "huggingface", "Org/M", "v1") == (COMMIT, files)
-    assert mw.cache_entry(index, "huggingface", "Org/M", COMMIT)[0] == COMMIT
-    with pytest.raises(mw.HubError, match="holds revisions v1 only"):
-        mw.cache_entry(index, "huggingface", "Org/M", "v2")
-    with pytest.raises(mw.HubError, match="holds nothing of this model"):
-        mw.cache_entry(index, "modelscope", "Org/M", "v1")
-    with pytest.raises(mw.HubError, match="not a mapping with a list of models"):
-        mw.cache_entry([], "huggingface", "Org/M", "v1")
-    url = mw.cache_model_url("https://cache/", "huggingface", "Org/M", COMMIT, "a/b.json")
-    assert url == f"https://cache/models/huggingface/Org/M/{COMMIT}/a/b.json"
-
-
-@pytest.mark.parametrize(
-    ("instance", "message"),
-    [
-        (inst("a", source="gitlab", id="a/b"), "model.source must be one of"),
-        (inst("a", source="fleet_cache", id="a/b"), "source fleet_cache needs model.hub"),
-        (inst("a", source="controller", id="a/b"), "needs model.hub"),
-        (inst("a", source="modelscope", id="no-slash"), "Org/Name"),
-        (inst("a", source="local", path="relative"), "absolute directory"),
-        ({"name": "Bad_Name", "model": {}}, "must match"),
-        ({"name": "a"}, "model must be a mapping"),
-    ],
-)
-def test_plan_refuses_bad_instances(instance, message):
-    with pytest.raises(ValueError, match=message):
-        mw.plan("h", {"h": [instance]})
-
-
-def test_plan_refuses_duplicate_instance_names():
-    with pytest.raises(ValueError, match="used twice"):
-        mw.plan("h", {"h": [inst("a", source="local", path="/m"), inst("a", source="local", path="/n")]})
-
-
-KEY = "k3y-of-the-vault-0123456789abcdefghijklmnop"
-
-
-@pytest.mark.parametrize(
-    ("entry", "named"),
-    [
-        ({"name": "a", "port": 8000, "model": {"source": "local", "path": "/m"}}, "port"),
-        ({"name": "a", "model": {"source": "local", "path": "/m"}, "security": {"api_key": KEY}}, "security"),
-        ({"name": "a", "model": {"source": "local", "path": "/m", "api_key": KEY}}, "model.api_key"),
-    ],
-)
-def test_plan_takes_model_references_only_and_never_quotes_a_key(entry, named):
-    """Another host's whole instance (its key included) is refused, by name of the key, not its value."""
-    fleet = {"h": [inst("b", source="local", path="/n")], "other": [entry]}
-    with pytest.raises(ValueError) as info:
-        mw.plan("h", fleet)
-    assert f"got also {named}" in str(info.value) and "rigops_model_refs" in str(info.value)
-    assert KEY not in str(info.value)
-
-
-def test_plan_module_refuses_a_key_before_it_logs_its_arguments(run_module, monkeypatch):
-    """The argument spec refuses anything but model references: AnsibleModule fails before _log_invocation."""
-    import model_weights_plan as module
-    from ansible.module_utils import basic
-
-    logged = []
-    monkeypatch.setattr(basic.AnsibleModule, "_log_invocation", lambda self: logged.append(self.params))
-    refs = [{"host": "h", "instances": [inst("a", source="modelscope", id="Qwen/Qwen3.5-9B")]}]
-    failed, result = run_module(module.main, {"host": "h", "fleet": refs})
-    assert not failed and [m["key"] for m in result["models"]] == ["modelscope:Qwen/Qwen3.5-9B@master"]
-    assert logged and KEY not in repr(logged)
-    logged.clear()
-    whole = [{"host": "h", "instances": [dict(inst("a", source="local", path="/m"), security={"api_key": KEY})]}]
-    failed, result = run_module(module.main, {"host": "h", "fleet": whole})
-    assert failed and "security" in result["msg"] and KEY not in repr(result)
-    assert logged == []  # nothing reached the host's journal
-
-
-def test_model_dir_layout():
-    assert (
-        mw.model_dir("/srv/m", "modelscope", "Qwen/Qwen3.5-9B", COMMIT) == f"/srv/m/modelscope/Qwen/Qwen3.5-9B/{COMMIT}"
-    )
-
-
-# --- listings -----------------------------------------------------------------------------
-
-
-def test_modelscope_revisions_resolve_branch_tag_and_commit():
-    revs = load("ms_revisions.json")
-    assert mw.ms_commit(revs, "master") == COMMIT
-    assert mw.ms_commit(revs, "v0.9.0") == "a9e01e777e010be5cfed07fed091269f1ea8833a"
-    assert mw.ms_commit(revs, "a" * 40) == "a" * 40
-    assert mw.ms_commit(revs, "nope") == ""
-
-
-def test_modelscope_listing_of_the_sharded_model():
-    listing = load("ms_files_sharded.json")
-    files = mw.ms_files(listing)
-    assert len(files) == 10
-    shard = next(f for f in files if f["path"] == "model-00002-of-00003.safetensors")
-    assert shard["size"] == 329472 and len(shard["sha256"]) == 64
-    assert mw.ms_listing_commit(listing) == COMMIT
-    assert mw.index_problems(files, lambda rel: load(rel)) == []
-
-
-def test_huggingface_listing_lfs_sha256_and_git_oids():
-    assert mw.hf_commit(load("hf_revision_main.json")) == COMMIT
-    files = mw.hf_files(load("hf_tree_sharded.json"))
-    by = {f["path"]: f for f in files}
-    ms = {f["path"]: f for f in mw.ms_files(load("ms_files_sharded.json"))}
-    assert set(by) == set(ms)
-    # LFS files carry the same sha256 as ModelScope's listing; small files only a git blob id
-    assert by["model-00001-of-00003.safetensors"]["sha256"] == ms["model-00001-of-00003.safetensors"]["sha256"]
-    assert by["config.json"]["sha256"] is None and len(by["config.json"]["git_oid"]) == 40
-    single = mw.hf_files(load("hf_tree_single.json"))
-    assert [f["path"] for f in single if f["path"].endswith(".safetensors")] == ["model.safetensors"]
-
-
-def test_real_files_match_both_listings(tmp_path):
-    (tmp_path / "config.json").write_bytes((FIX / "config.json").read_bytes())
-    ms = [f for f in mw.ms_files(load("ms_files_sharded.json")) if f["path"] == "config.json"]
-    hf = [f for f in mw.hf_files(load("hf_tree_sharded.json")) if f["path"] == "config.json"]
-    assert mw.verify_files(str(tmp_path), ms, full=True)["ok"]
-    assert mw.verify_files(str(tmp_path), hf, full=True)["ok"]  # git blob id over the real bytes
-
-
-@pytest.mark.parametrize(
-    ("hub", "fixture", "status", "headers", "needle"),
-    [
-        ("modelscope", "ms_error_unknown_id.json", 404, {}, "ids differ between ModelScope and Hugging Face"),
-        ("modelscope", "ms_error_revision.json", 404, {}, "has no revision 'nope'"),
-        ("huggingface", "hf_error_repo.json", 404, {"X-Error-Code": "RepoNotFound"}, "model id Qwen/X not found"),
-        ("huggingface", "hf_error_revision.json", 404, {"X-Error-Code": "RevisionNotFound"}, "has no revision"),
-        ("huggingface", "hf_error_repo.json", 401, {}, "model_weights_huggingface_token"),
-    ],
-)
-def test_hub_errors_name_the_hub_and_the_id(hub, fixture, status, headers, needle):
-    msg = mw.hub_error(hub, "Qwen/X", "nope", status, (FIX / fixture).read_text(), headers)
-    assert msg.startswith(f"{hub}:") and "Qwen/X" in msg
-    assert needle in msg
-
-
-def test_hub_error_modelscope_unknown_id_mentions_the_other_hub():
-    msg = mw.hub_error("modelscope", "Qwen/Nope", "master", 404, (FIX / "ms_error_unknown_id.json").read_text())
-    assert "Repository Qwen/Nope not found" in msg and "huggingface" in msg
-
-
-# --- verification -----------------------------------------------------------------------
-
-
-def shard_file(path: Path, size: int | None = None):
-    header = (FIX / "shard2_header.bin").read_bytes()
-    (n,) = struct.unpack("<Q", header[:8])
-    meta = json.loads(header[8 : 8 + n])
-    end = max(v["data_offsets"][1] for k, v in meta.items() if k != "__metadata__")
-    whole = 8 + n + end
-    path.write_bytes(header + b"\0" * ((size if size is not None else whole) - len(header)))
-    return whole
-
-
-def test_safetensors_whole_and_truncated(tmp_path):
-    whole = shard_file(tmp_path / "a.safetensors")
-    assert whole == 329472  # the real shard's size
-    assert mw.safetensors_problem(str(tmp_path / "a.safetensors")) == ""
-    shard_file(tmp_path / "b.safetensors", whole - 100)
-    assert "truncated" in mw.safetensors_problem(str(tmp_path / "b.safetensors"))
-    (tmp_path / "c.safetensors").write_bytes(b"\x01")
-    assert "shorter" in mw.safetensors_problem(str(tmp_path / "c.safetensors"))
-
-
-def test_verify_files_missing_size_and_sha(tmp_path):
-    (tmp_path / "a").write_bytes(b"hello")
-    (tmp_path / "b").write_bytes(b"hellO")
-    (tmp_path / "c").write_bytes(b"hi")
-    sha = mw.sha256_file(str(tmp_path / "a"))
-    files = [
-        {"path": "a", "size": 5, "sha256": sha},
-        {"path": "b", "size": 5, "sha256": sha},
-        {"path": "c", "size": 5, "sha256": None},
-        {"path": "d", "size": 1, "sha256": None},
-    ]
-    quick = mw.verify_files(str(tmp_path), files, full=False)
-    assert quick["missing"] == ["d"] and list(quick["bad"]) == ["c"]  # sizes only: b passes
-    full = mw.verify_files(str(tmp_path), files, full=True)
-    assert sorted(full["bad"]) == ["b", "c"] and "sha256" in full["bad"]["b"]
-    assert full["digests"]["a"] == sha
-    assert mw.problems_text(full).startswith("d: missing; ")
-
-
-def test_index_names_a_shard_the_listing_lacks():
-    files = [f for f in mw.ms_files(load("ms_files_sharded.json")) if "00002" not in f["path"]]
-    problems = mw.index_problems(files, lambda rel: load(rel))
-    assert problems == [
-        "model-00002-of-00003.safetensors: named in model.safetensors.index.json but not in the repository's file list"
-    ]
-
-
-def test_remote_code_detection():
+@pytest.fixture(scope="module")
+def repo() -> dict[str, bytes]:
     files = mw.ms_files(load("ms_files_sharded.json"))
-    assert mw.remote_code(files, load("config.json"))["trust_remote_code"] is False
-    custom = mw.remote_code(files + [{"path": "modeling_x.py", "size": 1}], {"auto_map": {"AutoModel": "m.X"}})
-    assert custom == {"trust_remote_code": True, "python_files": ["modeling_x.py"], "auto_map": ["AutoModel"]}
+    data = {f["path"]: stand_in(f["path"], f["size"]) for f in files}
+    for f in files:
+        if f["path"] in REAL:  # the capture and the real bytes agree
+            assert f["sha256"] == sha256(data[f["path"]])
+    return data
 
 
-def test_bytes_needed_and_disk(tmp_path):
-    files = mw.ms_files(load("ms_files_sharded.json"))
-    total = sum(f["size"] for f in files)
-    assert mw.bytes_needed(str(tmp_path), files) == total
-    (tmp_path / "config.json").write_bytes((FIX / "config.json").read_bytes())
-    assert mw.bytes_needed(str(tmp_path), files) == total - 579
-    assert mw.disk_problem(0, 0, 0.1, 10, "/x") == ""
-    assert "not enough free disk under /x" in mw.disk_problem(1000, 1100, 0.1, 1, "/x")
-    assert mw.disk_problem(1000, 1101, 0.1, 1, "/x") == ""
+def ms_answers(repo, files_answer=None, revisions_answer=None):
+    """URL -> (status, body) of the captured ModelScope answers, sha256 of the stand-in bytes."""
+    listing = files_answer or load("ms_files_sharded.json")
+    for e in listing["Data"]["Files"]:
+        if e["Type"] == "blob" and e["Path"] in repo:
+            e["Sha256"] = sha256(repo[e["Path"]])
+    urls = mw.api_urls("modelscope", ENDPOINT, MODELS["modelscope"], "master")
+    return {
+        urls["files"]: (200, listing),
+        urls["revisions"]: (200, revisions_answer or load("ms_revisions.json")),
+    }
 
 
-def test_marker_round_trip():
-    files = mw.hf_files(load("hf_tree_sharded.json"))
-    model = {"id": "Qwen/Qwen3.5-9B-Instruct", "hub": "huggingface", "source": "controller", "revision": "main"}
-    digests = {f["path"]: f["sha256"] or "0" * 64 for f in files}
-    marker = mw.make_marker(model, COMMIT, files, digests, {"trust_remote_code": False})
-    assert marker["source"] == "controller" and all(len(f["sha256"]) == 64 for f in marker["files"])
-    assert mw.marker_problem(marker, "huggingface", model["id"], COMMIT, files) == ""
-    assert mw.marker_problem(marker, "huggingface", model["id"], COMMIT, None) == ""
-    assert "marker is for" in mw.marker_problem(marker, "modelscope", model["id"], COMMIT, files)
-    assert "marker is for" in mw.marker_problem(marker, "huggingface", model["id"], "f" * 40, files)
-    assert "file list differs" in mw.marker_problem(marker, "huggingface", model["id"], COMMIT, files[1:])
-    assert mw.marker_problem(None, "huggingface", model["id"], COMMIT, files) == "no marker"
-    assert mw.marker_files(marker)[0].keys() == {"path", "size", "sha256"}
+def hf_answers(repo, revision_answer=None, commit=COMMIT):
+    """URL -> (status, body) of the captured Hugging Face answers, ids of the stand-in bytes."""
+    tree = load("hf_tree_sharded.json")
+    for e in tree:
+        data = repo[e["path"]]
+        if e.get("lfs"):
+            e["lfs"]["oid"] = sha256(data)
+        elif e["path"] in REAL:
+            assert e["oid"] == git_oid(data)
+        else:
+            e["oid"] = git_oid(data)
+    urls = mw.api_urls("huggingface", ENDPOINT, MODELS["huggingface"], "main")
+    return {
+        urls["revision"]: (200, revision_answer or load("hf_revision_main.json")),
+        urls["tree"].format(commit=commit): (200, tree),
+    }
 
 
-def test_fetch_env_keeps_the_token_out_of_argv():
-    env = mw.fetch_env("huggingface", "secret", "/srv/m/.client-cache")
-    assert env["HF_TOKEN"] == "secret" and "MODELSCOPE_API_TOKEN" not in env
-    assert mw.fetch_env("modelscope", "t", "/c")["MODELSCOPE_API_TOKEN"] == "t"
-    assert "HF_TOKEN" not in mw.fetch_env("huggingface", "", "/c")
-    assert "secret" not in mw.FETCH_SCRIPT
+class CapturedHub:
+    """The opener seam: answers the hub's API calls from captured answers, records them."""
+
+    def __init__(self, answers, redirect=None):
+        self.answers = answers
+        self.redirect = redirect or {}
+        self.calls = []
+
+    def __call__(self, url, headers, timeout):
+        self.calls.append((url, dict(headers)))
+        if url not in self.answers:
+            return {"status": 404, "body": b'{"error": "not captured"}', "headers": {}, "url": url}
+        status, body = self.answers[url]
+        return {"status": status, "body": json.dumps(body).encode(), "headers": {}, "url": self.redirect.get(url, url)}
 
 
-def test_last_error_picks_the_exception_line():
-    out = "Traceback (most recent call last):\n  File x\nrequests.exceptions.HTTPError: [E3020] [404] nope\n"
-    assert mw.last_error(out) == "requests.exceptions.HTTPError: [E3020] [404] nope"
-    assert mw.last_error("") == ""
-    assert os.path.basename(mw.MARKER) == ".rigops-model.json"
+class StandInClient:
+    """The fetch seam: one client run writes the wanted files into the folder, like the real client.
+
+    never: paths it cannot get (the hub answers 404); corrupt_once / truncate_once: paths
+    whose first download is wrong (same size / cut short, the run then fails); junk: what
+    it leaves besides (its own cache files).
+    """
+
+    def __init__(self, repo, jail, never=(), corrupt_once=(), truncate_once=(), junk=()):
+        self.repo, self.jail = repo, jail
+        self.never, self.corrupt, self.truncate, self.junk = set(never), set(corrupt_once), set(truncate_once), junk
+        self.calls = []
+
+    def __call__(self, partial, commit, wanted):
+        assert os.path.isdir(partial) and partial.endswith(f"{commit}.partial")
+        assert not os.path.exists(os.path.join(partial, mw.MARKER))
+        self.calls.append(list(wanted))
+        ok, why = True, ""
+        for rel in wanted:
+            target = os.path.realpath(os.path.join(partial, rel))
+            if not target.startswith(str(self.jail) + os.sep):
+                raise AssertionError(f"the client was asked to write {rel!r} outside the jail: {target}")
+            if rel in self.never or rel not in self.repo:
+                ok, why = False, f"requests.exceptions.HTTPError: 404 Client Error for {rel}"
+                continue
+            data = self.repo[rel]
+            if rel in self.corrupt:
+                self.corrupt.discard(rel)
+                data = data[:-1] + bytes([data[-1] ^ 1])
+            elif rel in self.truncate:
+                self.truncate.discard(rel)
+                data = data[: len(data) // 2]
+                ok, why = False, "requests.exceptions.ConnectionError: Connection broken: IncompleteRead"
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            with open(target, "wb") as f:
+                f.write(data)
+        for rel in self.junk:
+            os.makedirs(os.path.dirname(os.path.join(partial, rel)), exist_ok=True)
+            Path(partial, rel).write_text("client cache")
+        return ok, why
 
 
-# --- the module, on folders (no hub) ------------------------------------------------------
+@pytest.fixture(scope="module")
+def defaults() -> dict:
+    """The module's option defaults, read from its argument_spec (what AnsibleModule hands stage_model)."""
+    from ansible_collections.rigops.fleet.plugins.modules import model_weights as module
+
+    captured = {}
+
+    class Captured(Exception):
+        pass
+
+    def capture(argument_spec, **_kwargs):
+        captured.update(argument_spec)
+        raise Captured
+
+    with mock.patch.object(module, "AnsibleModule", capture), pytest.raises(Captured):
+        module.main()
+    return {name: spec.get("default") for name, spec in captured.items()}
 
 
-def local_model(path: Path, shards=(1, 2, 3)):
-    path.mkdir(parents=True, exist_ok=True)
-    for name in ("config.json", "model.safetensors.index.json"):
-        (path / name).write_bytes((FIX / name).read_bytes())
-    for i in shards:
-        shard_file(path / f"model-0000{i}-of-00003.safetensors")
+@pytest.fixture
+def params(defaults, tmp_path):
+    def make(hub="modelscope", **over):
+        p = dict(defaults)
+        p.update(
+            hub=hub,
+            id=MODELS[hub],
+            revision=REVISION[hub],
+            endpoint=ENDPOINT,
+            root=str(tmp_path / "root"),
+            owner=pwd.getpwuid(os.getuid()).pw_name,
+            group=grp.getgrgid(os.getgid()).gr_name,
+            disk_margin_bytes=0,
+            attempts=2,
+        )
+        p.update(over)
+        return p
+
+    return make
 
 
-def test_module_local_source_whole_and_missing_shard(run_module, tmp_path):
-    from library import model_weights as module
-
-    local_model(tmp_path / "ok")
-    failed, result = run_module(module.main, {"source": "local", "path": str(tmp_path / "ok")})
-    assert not failed and result["path"] == str(tmp_path / "ok") and result["trust_remote_code"] is False
-    local_model(tmp_path / "bad", shards=(1, 3))
-    failed, result = run_module(module.main, {"source": "local", "path": str(tmp_path / "bad")})
-    assert failed and "model-00002-of-00003.safetensors: named in model.safetensors.index.json" in result["msg"]
+def answers_for(hub, repo):
+    return ms_answers(repo) if hub == "modelscope" else hf_answers(repo)
 
 
-def test_module_adopt_proves_copies_then_marker_and_rename(run_module, tmp_path):
-    from library import model_weights as module
+def final_dir(p) -> Path:
+    return Path(mw.model_dir(p["root"], p["hub"], p["id"], COMMIT))
 
-    src = tmp_path / "src"
-    local_model(src)
-    files = [
-        {"path": p.name, "size": p.stat().st_size, "sha256": mw.sha256_file(str(p))} for p in sorted(src.iterdir())
-    ]
-    expected = {"commit": COMMIT, "revision": "main", "files": files}
-    root = tmp_path / "root"
-    final = Path(mw.model_dir(str(root), "huggingface", "Org/M", COMMIT))
-    args = {"source": "adopt", "hub": "huggingface", "id": "Org/M", "root": str(root), "expected": expected}
-    # nothing copied yet: checked reports what is missing
-    failed, result = run_module(module.main, dict(args, state="checked"))
-    assert not failed and not result["staged"] and result["bytes_needed"] == sum(f["size"] for f in files)
-    # a corrupted copy is refused, no marker
-    partial = Path(str(final) + ".partial")
-    local_model(partial)
-    data = bytearray((partial / "model-00002-of-00003.safetensors").read_bytes())
-    data[-1] ^= 1
-    (partial / "model-00002-of-00003.safetensors").write_bytes(bytes(data))
-    failed, result = run_module(module.main, args)
-    assert failed and "model-00002-of-00003.safetensors: sha256" in result["msg"]
-    assert not final.exists()
-    # a good copy: marker, rename, and a rerun changes nothing
-    local_model(partial)
-    failed, result = run_module(module.main, args)
-    assert not failed and result["changed"] and result["staged"]
+
+def tree(path: Path) -> dict:
+    """Every entry under path with its type, size and mode (a snapshot to compare)."""
+    out = {}
+    for p in sorted(path.rglob("*")):
+        st = p.lstat()
+        out[str(p.relative_to(path))] = (stat.S_IFMT(st.st_mode), st.st_size, stat.S_IMODE(st.st_mode))
+    return out
+
+
+# --- the whole run: resolve, list, stage into .partial, verify, marker, rename -------------
+
+
+@pytest.mark.parametrize("hub", ["modelscope", "huggingface"])
+def test_stage_resolves_lists_stages_verifies_marks_and_renames(hub, params, repo, tmp_path):
+    p = params(hub, label="controller" if hub == "huggingface" else "")
+    api = CapturedHub(answers_for(hub, repo))
+    client = StandInClient(repo, tmp_path, junk=[".cache/huggingface/download/config.json.metadata"])
+    result = ms.stage_model(p, fetch=client, opener=api)
+
+    # the hub's API in the clients' order, then one client run for every listed file
+    urls = mw.api_urls(hub, ENDPOINT, p["id"], p["revision"])
+    want_calls = [urls["files"], urls["revisions"]] if hub == "modelscope" else [urls["revision"]]
+    assert [c[0] for c in api.calls][: len(want_calls)] == want_calls
+    assert all("Authorization" not in headers for _url, headers in api.calls)
+    assert client.calls == [sorted(repo)]
+
+    final = final_dir(p)
+    assert result["changed"] and result["staged"] and result["commit"] == COMMIT and result["path"] == str(final)
+    assert result["downloaded"] == sorted(repo) and result["trust_remote_code"] is False
+    assert not Path(str(final) + ".partial").exists()
+    # the folder holds the listed files and the marker, nothing the client left besides
+    assert sorted(str(x.relative_to(final)) for x in final.rglob("*")) == sorted([*repo, mw.MARKER])
     marker = json.loads((final / mw.MARKER).read_text())
-    assert marker["source"] == "controller" and marker["commit"] == COMMIT
-    assert not partial.exists() and oct(final.stat().st_mode & 0o777) == "0o750"
-    assert oct((final / "config.json").stat().st_mode & 0o777) == "0o640"
-    failed, result = run_module(module.main, args)
-    assert not failed and not result["changed"] and result["staged"]
+    assert (marker["hub"], marker["id"], marker["commit"], marker["revision"]) == (hub, p["id"], COMMIT, p["revision"])
+    assert marker["source"] == (p["label"] or hub)
+    assert {f["path"]: f["sha256"] for f in marker["files"]} == {rel: sha256(data) for rel, data in repo.items()}
+    assert stat.S_IMODE(final.stat().st_mode) == 0o750
+    assert {stat.S_IMODE(x.stat().st_mode) for x in final.iterdir()} == {0o640}
+    assert {x.stat().st_uid for x in final.iterdir()} == {os.getuid()}
+    # the parents are made with the folder mode too
+    assert stat.S_IMODE(final.parent.stat().st_mode) == 0o750
+
+    # a rerun reads the marker, checks sizes, downloads nothing, changes nothing
+    again = ms.stage_model(p, fetch=client, opener=CapturedHub(answers_for(hub, repo)))
+    assert not again["changed"] and again["staged"] and again["bytes_needed"] == 0
+    assert client.calls == [sorted(repo)]
 
 
-# --- hub answers checked ------------------------------------------------------------------
+def test_http_endpoint_with_the_opt_in_stages(params, repo, tmp_path):
+    answers = {url.replace(ENDPOINT, "http://rigops-hub:8090"): a for url, a in ms_answers(repo).items()}
+    p = params(endpoint="http://rigops-hub:8090", allow_http=True)
+    result = ms.stage_model(p, fetch=StandInClient(repo, tmp_path), opener=CapturedHub(answers))
+    assert result["staged"] and (final_dir(p) / mw.MARKER).is_file()
 
 
-@pytest.mark.parametrize(
-    ("commit", "ok"),
-    [
-        (COMMIT, True),
-        (COMMIT.upper(), False),
-        (COMMIT[:39], False),
-        (COMMIT + "0", False),
-        ("z" * 40, False),
-        (COMMIT + "\n", False),  # `$` would have let this one through
-        (None, False),
-        (int("1" * 40, 16), False),
-    ],
-)
-def test_commit_problem(commit, ok):
-    why = mw.commit_problem(commit)
-    assert (why == "") is ok
-    if not ok:
-        assert why.startswith("is not a")
-    assert bool(mw.COMMIT_RE.match(commit) if isinstance(commit, str) else False) is ok
+# --- a file that fails its check: fetched again, or refused -------------------------------
+
+
+def test_corrupted_download_is_fetched_again(params, repo, tmp_path):
+    """Same size, one byte off: only the sha256 catches it (huggingface_hub does not over plain http)."""
+    p = params()
+    client = StandInClient(repo, tmp_path, corrupt_once=["model-00002-of-00003.safetensors"])
+    result = ms.stage_model(p, fetch=client, opener=CapturedHub(ms_answers(repo)))
+    assert client.calls == [sorted(repo), ["model-00002-of-00003.safetensors"]]
+    assert result["staged"]
+    shard = final_dir(p) / "model-00002-of-00003.safetensors"
+    assert shard.read_bytes() == repo["model-00002-of-00003.safetensors"]
+
+
+def test_wrong_size_after_every_attempt_is_refused_without_marker(params, repo, tmp_path):
+    p = params(attempts=2)
+    bad = dict(repo, **{"model-00001-of-00003.safetensors": repo["model-00001-of-00003.safetensors"][:-10]})
+    client = StandInClient(bad, tmp_path)
+    with pytest.raises(ms.StageError) as info:
+        ms.stage_model(p, fetch=client, opener=CapturedHub(ms_answers(repo)))
+    size = len(repo["model-00001-of-00003.safetensors"])
+    assert f"is incomplete after 2 attempts: model-00001-of-00003.safetensors: size {size - 10}, expected {size}" in (
+        info.value.msg
+    )
+    assert "no marker was written" in info.value.msg
+    assert client.calls == [sorted(repo), ["model-00001-of-00003.safetensors"]]
+    final = final_dir(p)
+    assert not final.exists() and Path(str(final) + ".partial").is_dir()
+    assert not list(Path(p["root"]).rglob(mw.MARKER))
+    assert info.value.result["downloaded"] == sorted(repo) and not info.value.result["staged"]
+
+
+def test_staged_copy_that_fails_its_check_keeps_its_good_files(params, repo, tmp_path):
+    p = params()
+    client = StandInClient(repo, tmp_path)
+    ms.stage_model(p, fetch=client, opener=CapturedHub(ms_answers(repo)))
+    shard = final_dir(p) / "model-00003-of-00003.safetensors"
+    kept = final_dir(p) / "tokenizer.json"
+    inode = kept.stat().st_ino
+    shard.write_bytes(shard.read_bytes()[:100])
+    result = ms.stage_model(p, fetch=client, opener=CapturedHub(ms_answers(repo)))
+    assert client.calls[1:] == [["model-00003-of-00003.safetensors"]]
+    assert result["changed"] and result["staged"] and kept.stat().st_ino == inode
+
+
+def test_shard_named_in_the_index_but_not_listed_is_refused(params, repo, tmp_path):
+    listing = load("ms_files_sharded.json")
+    listing["Data"]["Files"] = [e for e in listing["Data"]["Files"] if "00002" not in e["Path"]]
+    p = params()
+    client = StandInClient(repo, tmp_path)
+    with pytest.raises(ms.StageError) as info:
+        ms.stage_model(p, fetch=client, opener=CapturedHub(ms_answers(repo, files_answer=listing)))
+    assert info.value.msg == (
+        f"{p['id']}@{COMMIT}: incomplete sharded model: model-00002-of-00003.safetensors: named in "
+        "model.safetensors.index.json but not in the repository's file list"
+    )
+    final = final_dir(p)
+    assert not final.exists() and not list(Path(p["root"]).rglob(mw.MARKER))
+    assert Path(str(final) + ".partial").is_dir()
+
+
+# --- resume ------------------------------------------------------------------------------
+
+
+def test_interrupted_run_leaves_partial_and_the_next_run_resumes_it(params, repo, tmp_path):
+    p = params(attempts=1)
+    shard = "model-00001-of-00003.safetensors"
+    first = StandInClient(repo, tmp_path, truncate_once=[shard], never=["tokenizer.json"])
+    with pytest.raises(ms.StageError) as info:
+        ms.stage_model(p, fetch=first, opener=CapturedHub(ms_answers(repo)))
+    assert "Last client error: requests.exceptions.HTTPError: 404" in info.value.msg
+    assert "stays in" in info.value.msg and "a rerun resumes it" in info.value.msg
+    partial = Path(str(final_dir(p)) + ".partial")
+    assert partial.is_dir() and (partial / "config.json").is_file()
+    kept = {rel: (partial / rel).stat().st_ino for rel in repo if rel not in (shard, "tokenizer.json")}
+
+    # state=checked counts only what the partial folder still lacks
+    checked = ms.stage_model(dict(p, state="checked"), opener=CapturedHub(ms_answers(repo)))
+    assert checked["bytes_needed"] == len(repo[shard]) + len(repo["tokenizer.json"])
+
+    second = StandInClient(repo, tmp_path)
+    result = ms.stage_model(p, fetch=second, opener=CapturedHub(ms_answers(repo)))
+    assert second.calls == [[shard, "tokenizer.json"]]  # the cut shard again, the missing file; nothing else
+    final = final_dir(p)
+    assert result["staged"] and not partial.exists()
+    assert {rel: (final / rel).stat().st_ino for rel in kept} == kept  # the same files, renamed with the folder
+
+
+# --- check mode and state=checked write nothing -------------------------------------------
+
+
+@pytest.mark.parametrize(("state", "check_mode"), [("checked", False), ("present", True)])
+def test_checked_and_check_mode_write_nothing(state, check_mode, params, repo, tmp_path):
+    p = params(state=state)
+    client = StandInClient(repo, tmp_path)
+    result = ms.stage_model(p, check_mode=check_mode, fetch=client, opener=CapturedHub(ms_answers(repo)))
+    assert client.calls == [] and not Path(p["root"]).exists()
+    assert not result["staged"] and result["reason"] == "no marker" and result["commit"] == COMMIT
+    assert result["bytes_needed"] == sum(len(d) for d in repo.values()) and result["free_bytes"] > 0
+    assert result["changed"] is (state == "present")  # check mode reports what a real run would do
+
+    # with a partial download and a stale staged copy around, nothing moves either
+    partial = Path(str(final_dir(p)) + ".partial")
+    partial.mkdir(parents=True)
+    (partial / "config.json").write_bytes(repo["config.json"])
+    before = tree(tmp_path)
+    result = ms.stage_model(p, check_mode=check_mode, fetch=client, opener=CapturedHub(ms_answers(repo)))
+    assert tree(tmp_path) == before and client.calls == []
+    assert result["bytes_needed"] == sum(len(d) for d in repo.values()) - len(repo["config.json"])
+
+
+def test_not_enough_disk_is_refused_before_any_write(params, repo, tmp_path):
+    p = params(disk_margin_bytes=1 << 62)
+    client = StandInClient(repo, tmp_path)
+    with pytest.raises(ms.StageError, match="not enough free disk under"):
+        ms.stage_model(p, fetch=client, opener=CapturedHub(ms_answers(repo)))
+    assert client.calls == [] and not Path(p["root"]).exists()
+
+
+# --- hub answers checked ----------------------------------------------------------------
+
+
+def listing_with(path):
+    listing = load("ms_files_sharded.json")
+    entry = copy.deepcopy(listing["Data"]["Files"][0])
+    entry.update(Name=os.path.basename(path) or path, Path=path, Size=5)
+    listing["Data"]["Files"].append(entry)
+    return listing
 
 
 @pytest.mark.parametrize(
     ("path", "why"),
     [
-        ("config.json", ""),
-        ("sub/dir/model.safetensors", ""),
-        (".gitattributes", ""),
-        ("a..b/c...json", ""),
         ("../../etc/passwd", "leaves the model folder"),
         ("/etc/shadow", "is absolute"),
         ("a/../../b", "leaves the model folder"),
-        ("a//../../b", "leaves the model folder"),
+        ("../../../../../../outside.txt", "leaves the model folder"),
         ("a/../b", "has a '.' or '..' segment"),
-        ("a/./b", "has a '.' or '..' segment"),
-        ("a//b", "has an empty segment (// or a trailing /)"),
-        ("a/", "has an empty segment (// or a trailing /)"),
-        ("..\\..\\etc\\passwd", "contains a backslash"),
+        ("./config.json", "has a '.' or '..' segment"),
+        ("a//b", "has an empty segment"),
+        ("weights/", "has an empty segment"),
+        ("a\\..\\..\\b", "contains a backslash"),
         ("a\0b", "contains a NUL byte"),
-        ("a\x1bb", "contains a control character"),
+        ("a\nb", "contains a control character"),
         ("", "is empty"),
-        (None, "is not a string (NoneType)"),
-        (mw.MARKER, "is the name of rigops' marker (.rigops-model.json)"),
+        (mw.MARKER, "is the name of rigops' marker"),
     ],
 )
-def test_path_problem(path, why):
-    assert mw.path_problem(path) == why
-
-
-def test_listing_problems_name_each_offending_path():
-    files = mw.ms_files(load("ms_files_sharded.json"))
-    assert mw.listing_problems(files) == []
-    assert mw.listing_problems(mw.hf_files(load("hf_tree_sharded.json"))) == []
-    bad = files + [
-        {"path": "../../etc/passwd", "size": 1},
-        {"path": "config.json", "size": 579},
-        {"path": "config.json/x", "size": 1},
-        {"path": "big", "size": -1},
-    ]
-    assert mw.listing_problems(bad) == [
-        "file path '../../etc/passwd' leaves the model folder",
-        "file path 'config.json' is listed twice",
-        "file 'big' has size -1, not a byte count",
-        "file path 'config.json' is also the folder of 'config.json/x'",
-    ]
-
-
-def test_a_listing_path_from_the_hub_is_taken_as_listed():
-    listing = load("ms_files_sharded.json")
-    listing["Data"]["Files"][0]["Path"] = "../../../etc/cron.d/x"
-    files = mw.ms_files(listing)
-    assert "../../../etc/cron.d/x" in {f["path"] for f in files}  # parsing keeps it; the check names it
-    assert mw.listing_problems(files) == ["file path '../../../etc/cron.d/x' leaves the model folder"]
+def test_unsafe_path_in_a_listing_stops_the_stage_before_any_write(path, why, params, repo, tmp_path):
+    p = params()
+    client = StandInClient(repo, tmp_path)
+    with pytest.raises(ms.StageError) as info:
+        ms.stage_model(p, fetch=client, opener=CapturedHub(ms_answers(repo, files_answer=listing_with(path))))
+    msg = info.value.msg
+    assert msg.startswith(f"modelscope ({ENDPOINT}): {p['id']}: file path {path!r} {why}"), msg
+    assert "Refused before anything was written" in msg
+    assert client.calls == [] and list(tmp_path.iterdir()) == []  # not even the root
 
 
 @pytest.mark.parametrize(
-    ("endpoint", "allow_http", "needle"),
+    "commit",
     [
-        ("https://www.modelscope.cn", False, ""),
-        ("https://mirror.internal:8443/hf", False, ""),
-        ("http://rigops-hub:8090", True, ""),
-        ("http://rigops-hub:8090", False, "is plain http"),
-        ("HTTP://rigops-hub:8090", False, "is plain http"),
-        ("ftp://mirror/", True, "is not an http(s) URL"),
-        ("https://", False, "is not an http(s) URL with a host"),
-        ("rigops-hub:8090", True, "is not an http(s) URL"),
-        ("", False, "is not an http(s) URL"),
+        COMMIT.upper(),
+        COMMIT[:12],
+        "g" * 40,
+        COMMIT + "\n",
+        COMMIT[:-2] + "/x",
+        "../../../../tmp/x",
     ],
 )
-def test_endpoint_problem(endpoint, allow_http, needle):
-    why = mw.endpoint_problem(endpoint, allow_http)
-    assert (why == "") is (needle == "") and needle in why
-    if needle == "is plain http":
-        assert "model_weights_allow_http: true" in why
+@pytest.mark.parametrize("hub", ["modelscope", "huggingface"])
+def test_bad_commit_from_the_hub_stops_the_stage_before_any_write(hub, commit, params, repo, tmp_path):
+    p = params(hub)
+    if hub == "modelscope":
+        revisions = load("ms_revisions.json")
+        revisions["Data"]["RevisionMap"]["Branches"][0]["CommitId"] = commit
+        answers = ms_answers(repo, revisions_answer=revisions)
+    else:
+        answers = hf_answers(repo, revision_answer=dict(load("hf_revision_main.json"), sha=commit))
+    api, client = CapturedHub(answers), StandInClient(repo, tmp_path)
+    with pytest.raises(ms.StageError) as info:
+        ms.stage_model(p, fetch=client, opener=api)
+    assert info.value.msg.startswith(
+        f"{hub} ({ENDPOINT}): {p['id']}: commit id {commit!r} for revision {p['revision']!r} is not a commit id "
+        "(exactly 40 lowercase hex digits)"
+    ), info.value.msg
+    assert client.calls == [] and list(tmp_path.iterdir()) == []
+    assert not any("/tree/" in url for url, _h in api.calls)  # never put into a URL either
 
 
-def test_refusal_names_where_the_model_and_the_values():
-    msg = mw.refusal("huggingface (http://m)", "Org/M", [f"p{i}" for i in range(7)])
-    assert msg.startswith("huggingface (http://m): Org/M: p0; p1; p2; p3; p4; and 2 more. Refused before anything")
-    assert msg.endswith("; check the hub or mirror that answered.")
-    assert mw.refusal("modelscope (http://m)", "Org/M", ["p"], answered=False) == (
-        "modelscope (http://m): Org/M: p. Refused before anything was written under the model root."
-    )
+def test_plain_http_without_the_opt_in_is_refused_before_any_call(params, repo, tmp_path):
+    p = params(endpoint="http://rigops-hub:8090")
+    api, client = CapturedHub({}), StandInClient(repo, tmp_path)
+    with pytest.raises(ms.StageError) as info:
+        ms.stage_model(p, fetch=client, opener=api)
+    msg = info.value.msg
+    assert msg.startswith(f"modelscope (http://rigops-hub:8090): {p['id']}: endpoint 'http://rigops-hub:8090' is plain")
+    assert "model_weights_allow_http: true" in msg
+    assert api.calls == [] and client.calls == [] and list(tmp_path.iterdir()) == []
 
 
-def test_verify_files_never_follows_a_link(tmp_path):
-    outside = tmp_path / "outside"
-    outside.mkdir()
-    (outside / "w").write_bytes(b"hello")
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "sub").symlink_to(outside, target_is_directory=True)
-    (model / "f").symlink_to(outside / "w")
-    files = [{"path": "sub/w", "size": 5, "sha256": None}, {"path": "f", "size": 5, "sha256": None}]
-    check = mw.verify_files(str(model), files, full=True)
-    assert check["bad"] == {"sub/w": "sub is a symbolic link", "f": "f is a symbolic link"} and not check["ok"]
-    assert mw.linked_part(str(model), "sub/w") == "sub" and mw.linked_part(str(model), "nope/x") == ""
-    assert mw.bytes_needed(str(model), files) == 10
+def test_https_hub_redirecting_to_http_is_refused(params, repo, tmp_path):
+    p = params()
+    answers = ms_answers(repo)
+    files_url = mw.api_urls("modelscope", ENDPOINT, p["id"], "master")["files"]
+    api = CapturedHub(answers, redirect={files_url: files_url.replace("https://", "http://")})
+    with pytest.raises(ms.StageError, match=r"was redirected to 'http://hub.test/.*', which is plain http"):
+        ms.stage_model(p, fetch=StandInClient(repo, tmp_path), opener=api)
+    assert list(tmp_path.iterdir()) == []
 
 
-# --- the module, against captured hub answers (no network) -----------------------------------
+@pytest.mark.parametrize(
+    ("expected", "needle"),
+    [
+        ({"commit": "HEAD", "files": []}, "commit id 'HEAD' is not a commit id"),
+        ({"commit": COMMIT, "files": [{"path": "../../../../escape", "size": 1}]}, "'../../../../escape' leaves"),
+        ({"commit": COMMIT, "files": [{"path": "/etc/shadow", "size": 1}]}, "'/etc/shadow' is absolute"),
+    ],
+)
+def test_adopt_checks_the_cache_hosts_list_like_a_hub_answer(expected, needle, params, tmp_path):
+    p = params("huggingface", source="adopt", expected=expected)
+    with pytest.raises(ms.StageError) as info:
+        ms.stage_model(p)
+    assert info.value.msg.startswith(f"huggingface (the cache host's verified list): {p['id']}: ")
+    assert needle in info.value.msg
+    assert list(tmp_path.iterdir()) == []
 
 
-class CapturedResponse:
-    def __init__(self, url, body):
-        self.url, self.body, self.headers = url, body, {}
-
-    def getcode(self):
-        return 200
-
-    def read(self):
-        return self.body
-
-    def geturl(self):
-        return self.url
+def test_model_id_that_would_leave_the_root_is_refused(params, tmp_path):
+    with pytest.raises(ms.StageError, match=r"model id '\.\./x' must be a hub repository id"):
+        ms.stage_model(params(id="../x"), opener=CapturedHub({}))
+    assert list(tmp_path.iterdir()) == []
 
 
-def test_module_checked_lists_through_open_url(run_module, monkeypatch, tmp_path):
-    from ansible.module_utils import model_staging
-
-    from library import model_weights as module
-
-    endpoint = "http://rigops-hub:8090"
-    urls = mw.api_urls("modelscope", endpoint, "Qwen/Qwen3.5-9B", "master")
-    answers = {urls["files"]: "ms_files_sharded.json", urls["revisions"]: "ms_revisions.json"}
-    calls = []
-
-    def fake_open_url(url, headers=None, **_kwargs):
-        calls.append((url, headers))
-        return CapturedResponse(url, (FIX / answers[url]).read_bytes())
-
-    monkeypatch.setattr(model_staging, "open_url", fake_open_url)
-    args = {"state": "checked", "hub": "modelscope", "id": "Qwen/Qwen3.5-9B", "endpoint": endpoint}
-    args.update(root=str(tmp_path / "root"), token="ms-secret")
-    failed, result = run_module(module.main, args)
-    assert failed and "endpoint 'http://rigops-hub:8090' is plain http" in result["msg"]
-    assert "Qwen/Qwen3.5-9B" in result["msg"] and "model_weights_allow_http" in result["msg"] and calls == []
-    failed, result = run_module(module.main, dict(args, allow_http=True))
-    assert not failed and result["commit"] == COMMIT and not result["staged"] and not result["changed"]
-    assert result["bytes_needed"] == sum(f["size"] for f in mw.ms_files(load("ms_files_sharded.json")))
-    assert [c[0] for c in calls] == [urls["files"], urls["revisions"]]
-    assert calls[0][1]["Authorization"] == "Bearer ms-secret"
-    assert not (tmp_path / "root").exists()
+# --- symbolic links are never followed -----------------------------------------------------
 
 
-# --- the role's preflight ---------------------------------------------------------------
+def outside(tmp_path) -> Path:
+    victim = tmp_path / "outside"
+    victim.mkdir()
+    (victim / "passwd").write_text("root:x:0:0\n")
+    (victim / "passwd").chmod(0o600)
+    return victim
 
 
-def test_preflight_refuses_a_python_without_the_hubs_client_by_name(tmp_path):
-    """The role's preflight on the controller, with its own python as the runtime's: it has huggingface_hub
-    (found, not imported) and no modelscope, which the refusal names alone, before anything is made on disk."""
-    refs = [
-        {"name": "a", "model": {"source": "huggingface", "id": "Qwen/Qwen3.5-9B-Instruct", "revision": "v1.0.0"}},
-        {"name": "b", "model": {"source": "modelscope", "id": "Qwen/Qwen3.5-9B", "revision": "master"}},
-    ]
-    play = {
-        "name": "model_weights preflight",
-        "hosts": "localhost",
-        "gather_facts": False,
-        "vars": {
-            "model_weights_instances": refs,
-            "model_weights_python": sys.executable,
-            "model_weights_group": "root",
-            "model_weights_root": str(tmp_path / "models"),
-        },
-        "tasks": [
-            {
-                "name": "Preflight",
-                "ansible.builtin.import_role": {"name": "model_weights", "tasks_from": "preflight.yml"},
-            },
-        ],
+def test_links_planted_in_partial_are_removed_not_followed(params, repo, tmp_path):
+    """A folder link would send the unlink of a bad file, a file link the chmod, outside the root."""
+    victim = outside(tmp_path)
+    listing = listing_with("evil/passwd")
+    repo = dict(repo, **{"evil/passwd": b"hello"})
+    p = params()
+    partial = Path(str(final_dir(p)) + ".partial")
+    partial.mkdir(parents=True)
+    (partial / "evil").symlink_to(victim, target_is_directory=True)  # evil/passwd: wrong size, "bad"
+    (partial / "config.json").symlink_to(victim / "passwd")  # would be chmod 0640'd, chowned
+    before = tree(victim)
+    result = ms.stage_model(p, fetch=StandInClient(repo, tmp_path), opener=CapturedHub(ms_answers(repo, listing)))
+    assert result["staged"]
+    assert tree(victim) == before and (victim / "passwd").read_text() == "root:x:0:0\n"
+    final = final_dir(p)
+    assert not (final / "evil").is_symlink() and (final / "evil" / "passwd").read_bytes() == b"hello"
+    assert not (final / "config.json").is_symlink()
+
+
+def test_link_in_a_staged_model_is_refetched_not_followed(params, repo, tmp_path):
+    victim = outside(tmp_path)
+    p = params(verify_sha256=True)
+    client = StandInClient(repo, tmp_path)
+    ms.stage_model(p, fetch=client, opener=CapturedHub(ms_answers(repo)))
+    final = final_dir(p)
+    (victim / "config.json").write_bytes(repo["config.json"])  # the right bytes, elsewhere
+    (final / "config.json").unlink()
+    (final / "config.json").symlink_to(victim / "config.json")
+    before = tree(victim)
+    checked = ms.stage_model(dict(p, state="checked"), opener=CapturedHub(ms_answers(repo)))
+    assert not checked["staged"] and checked["reason"] == "config.json: config.json is a symbolic link"
+    result = ms.stage_model(p, fetch=client, opener=CapturedHub(ms_answers(repo)))
+    assert client.calls[1:] == [["config.json"]] and result["staged"]
+    assert not (final / "config.json").is_symlink() and tree(victim) == before
+
+
+# --- the real client's run -------------------------------------------------------------------
+
+
+def test_client_fetch_runs_the_real_client_with_the_token_in_the_environment(params):
+    p = params("huggingface", token="hf_secret", endpoint="", workers=2)
+    seen = {}
+
+    def run_command(argv, environ_update, check_rc):
+        seen.update(argv=argv, env=environ_update, check_rc=check_rc)
+        return 1, "", "Traceback...\nhuggingface_hub.errors.RepositoryNotFoundError: 404 Client Error\n"
+
+    ok, why = ms.client_fetch(run_command, p)("/m/x.partial", COMMIT, ["config.json"])
+    assert not ok and why == "huggingface_hub.errors.RepositoryNotFoundError: 404 Client Error"
+    assert seen["argv"][:3] == [p["python"], "-c", mw.FETCH_SCRIPT] and seen["check_rc"] is False
+    args = json.loads(seen["argv"][3])
+    assert args == {
+        "hub": "huggingface",
+        "id": p["id"],
+        "commit": COMMIT,
+        "dir": "/m/x.partial",
+        "files": ["config.json"],
+        "endpoint": "https://huggingface.co",
+        "workers": 2,
     }
-    (tmp_path / "play.yml").write_text(yaml.safe_dump([play]))
-    proc = ansible_playbook(*LOCALHOST, tmp_path / "play.yml")
-    out = " ".join(proc.stdout.split())
-    assert proc.returncode != 0, out[-3000:]
-    assert f"localhost: {sys.executable} has no client for modelscope (" in out, out[-3000:]
-    assert "PackageNotFoundError: No package metadata was found for modelscope" in out, out[-3000:]
-    assert "Every hub client is installed" in out
-    assert not (tmp_path / "models").exists()
+    assert "hf_secret" not in " ".join(seen["argv"]) and seen["env"]["HF_TOKEN"] == "hf_secret"
+    assert seen["env"]["HF_HOME"] == os.path.join(p["root"], ".client-cache", "huggingface")
+
+
+# --- source fleet_cache: a real HTTP server with ranges stands for the site's cache -------
+
+
+class CacheServer:
+    """The fleet cache's data path over real HTTP: index.json and the store's files, with Range.
+
+    files: {url path: bytes}; requests: (path, Range header, status) of every GET; stop_after:
+    bytes of a body to send before the connection is cut (once, for the first file asked).
+    """
+
+    def __init__(self, files, token="", tls=None):
+        import http.server
+        import ssl
+        import threading
+
+        self.files, self.token, self.requests, self.cut = files, token, [], None
+        server = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):  # noqa: N802 (http.server's name)
+                rng = self.headers.get("Range")
+                if server.token and self.headers.get("Authorization") != f"Bearer {server.token}":
+                    return self.answer(401, b"no", rng)
+                data = server.files.get(self.path)
+                if data is None:
+                    return self.answer(404, b"not here", rng)
+                start = int(rng.split("=")[1].rstrip("-")) if rng else 0
+                body = data[start:]
+                if server.cut and self.path.endswith(server.cut[0]):
+                    _, keep = server.cut
+                    server.cut = None
+                    self.answer(206 if rng else 200, body, rng, length=len(body), send=body[:keep])
+                    self.wfile.flush()
+                    self.connection.shutdown(2)
+                    return None
+                return self.answer(206 if rng else 200, body, rng)
+
+            def answer(self, status, body, rng, length=None, send=None):
+                server.requests.append((self.path, rng, status))
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(body) if length is None else length))
+                self.end_headers()
+                self.wfile.write(body if send is None else send)
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        if tls:  # (certificate, key): HTTPS under the certificate's name
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(*tls)
+            self.httpd.socket = context.wrap_socket(self.httpd.socket, server_side=True)
+            self.url = f"https://localhost:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def cache_files(repo, hub="huggingface", revision="v1.0.0", corrupt=()):
+    """The cache's index.json and store for one model (sha256 of the stand-in bytes), a file corrupted on request."""
+    model_id = MODELS[hub]
+    files = [{"path": rel, "size": len(data), "sha256": sha256(data)} for rel, data in sorted(repo.items())]
+    index = {"models": [{"hub": hub, "id": model_id, "revision": revision, "commit": COMMIT, "files": files}]}
+    base = "/models/" + mw.model_dir("", hub, model_id, COMMIT).lstrip("/")
+    out = {"/index.json": json.dumps(index).encode()}
+    for rel, data in repo.items():
+        out[f"{base}/{rel}"] = data if rel not in corrupt else data[:-1] + bytes([data[-1] ^ 1])
+    return out
+
+
+@pytest.fixture
+def cache(repo):
+    servers = []
+
+    def make(**kw):
+        token, tls = kw.pop("token", ""), kw.pop("tls", None)
+        server = CacheServer(cache_files(repo, **kw), token=token, tls=tls)
+        servers.append(server)
+        return server
+
+    yield make
+    for server in servers:
+        server.close()
+
+
+def cache_params(params, server, **over):
+    over = {"allow_http": True, **over}
+    return params("huggingface", source="fleet_cache", revision="v1.0.0", cache_url=server.url, **over)
+
+
+def test_fleet_cache_pulls_every_file_verifies_marks_and_renames(params, repo, cache):
+    server = cache(token="s3cret")
+    p = cache_params(params, server, cache_token="s3cret", workers=3)
+    result = ms.stage_model(p)
+    final = final_dir(p)
+    assert result["staged"] and result["changed"] and result["commit"] == COMMIT
+    assert {rel: (final / rel).read_bytes() for rel in repo} == repo
+    marker = json.loads((final / mw.MARKER).read_text())
+    assert marker["source"] == "fleet_cache" and marker["revision"] == "v1.0.0"
+    assert not Path(str(final) + ".partial").exists() and not list(final.rglob("*.part"))
+    assert sorted(r[0].rsplit("/", 1)[-1] for r in server.requests[1:]) == sorted(repo)  # each file once
+    # a second run reads only the listing
+    before = len(server.requests)
+    again = ms.stage_model(p)
+    assert again["staged"] and not again["changed"] and server.requests[before:] == [("/index.json", None, 200)]
+
+
+def test_fleet_cache_file_corrupted_on_the_cache_is_refused_and_named(params, repo, cache):
+    shard = "model-00001-of-00003.safetensors"
+    server = cache(corrupt=[shard])
+    p = cache_params(params, server)
+    with pytest.raises(ms.StageError) as info:
+        ms.stage_model(p)
+    assert f"{shard}: sha256" in info.value.msg and f"from the fleet cache {server.url}" in info.value.msg
+    assert not final_dir(p).exists()  # nothing moved into place
+    partial = Path(str(final_dir(p)) + ".partial")
+    assert not (partial / mw.MARKER).exists()
+    assert (partial / "config.json").read_bytes() == repo["config.json"]  # the good files stay for a rerun
+
+
+def test_fleet_cache_cut_mid_file_resumes_with_a_range(params, repo, cache):
+    shard = "model-00001-of-00003.safetensors"
+    server = cache()
+    server.cut = (shard, 1000)
+    p = cache_params(params, server, attempts=1, workers=1)
+    with pytest.raises(ms.StageError) as info:
+        ms.stage_model(p)
+    assert shard in info.value.msg and "a rerun resumes it" in info.value.msg
+    part = Path(str(final_dir(p)) + ".partial") / (shard + ".part")
+    assert part.stat().st_size == 1000
+    result = ms.stage_model(p)
+    assert result["staged"] and (final_dir(p) / shard).read_bytes() == repo[shard]
+    assert [r for r in server.requests if r[0].endswith(shard)][-1] == (server.requests[-1][0], "bytes=1000-", 206)
+
+
+def test_fleet_cache_down_changes_nothing_or_falls_back_to_the_hub(params, repo, cache, tmp_path):
+    server = cache()
+    url = server.url
+    server.close()
+    p = cache_params(params, server)
+    with pytest.raises(ms.StageError) as info:
+        ms.stage_model(p)
+    assert f"fleet cache ({url}): cannot reach {url}/index.json" in info.value.msg
+    assert "model_weights_fleet_cache_fallback_to_hub" in info.value.msg
+    assert not Path(p["root"]).exists()
+    hub = CapturedHub(hf_answers(repo))
+    client = StandInClient(repo, tmp_path)
+    p = dict(p, fallback_to_hub=True, revision="main")
+    result = ms.stage_model(p, fetch=client, opener=hub)
+    assert result["staged"] and "cannot reach" in result["fallback"] and client.calls
+    assert json.loads((final_dir(p) / mw.MARKER).read_text())["source"] == "huggingface"
+
+
+@pytest.mark.parametrize(
+    ("over", "needle"),
+    [
+        (
+            {"revision": "v2.0.0"},
+            "does not hold huggingface:Qwen/Qwen3.5-9B-Instruct@v2.0.0 (it holds revisions v1.0.0",
+        ),
+        ({"cache_token": "wrong", "token_on_server": "right"}, "answered 401: check model_weights_fleet_cache_token"),
+        ({"allow_http": False}, "is plain http"),
+    ],
+)
+def test_fleet_cache_refusals_name_what_to_fix(params, cache, over, needle):
+    server = cache(token=over.pop("token_on_server", ""))
+    p = cache_params(params, server)
+    p.update(over)
+    with pytest.raises(ms.StageError) as info:
+        ms.stage_model(p)
+    assert needle in info.value.msg
+    assert not Path(p["root"]).exists()
+
+
+@pytest.fixture(scope="module")
+def certificate(tmp_path_factory):
+    """(certificate, key) of a self-signed certificate for localhost, made by openssl."""
+    import subprocess
+
+    folder = tmp_path_factory.mktemp("tls")
+    cert, key = folder / "cert.pem", folder / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+         "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost", "-days", "2",
+         "-keyout", str(key), "-out", str(cert)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return str(cert), str(key)
+
+
+def test_fleet_cache_over_https_pulls_when_the_host_trusts_the_certificate(params, cache, certificate, monkeypatch):
+    server = cache(tls=certificate)
+    monkeypatch.setenv("SSL_CERT_FILE", certificate[0])  # the host's store holds the site's CA
+    p = cache_params(params, server, allow_http=False)
+    result = ms.stage_model(p)
+    assert result["staged"] and result["changed"] and server.url.startswith("https://")
+    assert json.loads((final_dir(p) / mw.MARKER).read_text())["source"] == "fleet_cache"
+
+
+def test_fleet_cache_certificate_not_trusted_is_refused_named_and_never_falls_back(params, cache, certificate):
+    server = cache(tls=certificate)
+    hub_asked = []
+    p = cache_params(params, server, allow_http=False, fallback_to_hub=True)
+    with pytest.raises(ms.StageError) as info:
+        ms.stage_model(p, opener=lambda *a: hub_asked.append(a))
+    msg = info.value.msg
+    assert f"fleet cache ({server.url}): {server.url}/index.json: the cache's certificate is refused" in msg
+    assert "CERTIFICATE_VERIFY_FAILED" in msg and "update-ca-certificates" in msg
+    assert not hub_asked and not Path(p["root"]).exists() and not server.requests, msg
+
+
+def test_fleet_cache_certificate_for_another_name_is_refused(params, cache, certificate, monkeypatch):
+    server = cache(tls=certificate)
+    monkeypatch.setenv("SSL_CERT_FILE", certificate[0])  # trusted, but made for localhost
+    url = server.url.replace("//localhost:", "//127.0.0.1:")
+    p = dict(cache_params(params, server, allow_http=False), cache_url=url)
+    with pytest.raises(ms.StageError) as info:
+        ms.stage_model(p)
+    assert f"{url}/index.json: the cache's certificate is refused" in info.value.msg
+    assert "mismatch" in info.value.msg and not Path(p["root"]).exists(), info.value.msg
+
+
+def test_tls_failure_tells_a_certificate_from_a_dead_cache():
+    import ssl
+    from urllib.error import URLError
+
+    refused = ssl.SSLCertVerificationError(1, "[SSL: CERTIFICATE_VERIFY_FAILED] certificate verify failed")
+    assert "CERTIFICATE_VERIFY_FAILED" in ms.tls_failure(URLError(refused))
+    assert ms.tls_failure(ssl.SSLError(1, "[SSL: WRONG_VERSION_NUMBER] wrong version number"))
+    assert ms.tls_failure(URLError(ConnectionRefusedError(111, "Connection refused"))) == ""
+    assert ms.tls_failure(OSError("timed out")) == ""

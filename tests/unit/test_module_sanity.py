@@ -13,7 +13,7 @@ runs with ``AnsibleModule`` replaced by a stand-in that records its arguments an
 from __future__ import annotations
 
 import ast
-import importlib.util
+import importlib
 import os
 import re
 import shutil
@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-MODULES = sorted((ROOT / "library").glob("*.py")) + sorted((ROOT / "roles").glob("*/library/*.py"))
+MODULES = sorted((ROOT / "plugins" / "modules").glob("*.py"))
 # Option names that carry secrets: declared no_log (a path to a secret, api_key_file, is not one).
 SECRET = re.compile(r"(^|_)(token|password|secret|api_key)$")
 
@@ -47,9 +47,7 @@ def _doc_blocks(path: Path) -> dict[str, str]:
 
 
 def _argument_spec(path: Path, monkeypatch) -> dict:
-    spec = importlib.util.spec_from_file_location(f"rigops_sanity_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = importlib.import_module(f"ansible_collections.rigops.fleet.plugins.modules.{path.stem}")
 
     def _capture(*args, **kwargs):
         if args:
@@ -154,8 +152,6 @@ def _ansible_doc(names: list[str]) -> tuple[int, dict, str]:
     assert exe, "ansible-doc not found next to the test's Python"
     env = dict(
         os.environ,
-        ANSIBLE_LIBRARY=os.pathsep.join(dict.fromkeys(str(m.parent) for m in MODULES)),
-        ANSIBLE_MODULE_UTILS=str(ROOT / "module_utils"),
         ANSIBLE_CONFIG=str(ROOT / "ansible.cfg"),
     )
     proc = subprocess.run(
@@ -170,7 +166,7 @@ def ansible_doc() -> dict[str, tuple[int, dict, str]]:
     """``ansible-doc -t module --json`` of each module: one run for all of them (each run costs a second
     of start-up and plugin loading), and a run per module only when that one fails (one module it cannot
     render fails the whole run), so that a failure names its module."""
-    names = [m.stem for m in MODULES]
+    names = [f"rigops.fleet.{m.stem}" for m in MODULES]
     rc, out, stderr = _ansible_doc(names)
     if rc == 0 and set(names) <= set(out):
         return {name: (rc, {name: out[name]}, stderr) for name in names}
@@ -178,13 +174,14 @@ def ansible_doc() -> dict[str, tuple[int, dict, str]]:
 
 
 def test_ansible_doc_renders_it(module_file, ansible_doc):
-    rc, out, stderr = ansible_doc[module_file.stem]
-    assert rc == 0, f"ansible-doc {module_file.stem}: {stderr.strip()[-800:]}"
+    name = f"rigops.fleet.{module_file.stem}"
+    rc, out, stderr = ansible_doc[name]
+    assert rc == 0, f"ansible-doc {name}: {stderr.strip()[-800:]}"
     assert "ERROR" not in stderr and "WARNING" not in stderr, stderr
-    assert module_file.stem in out and out[module_file.stem]["doc"]["module"] == module_file.stem
+    assert name in out and out[name]["doc"]["module"] == module_file.stem
 
 
-HOST_CODE = sorted((ROOT / "module_utils").glob("*.py")) + MODULES
+HOST_CODE = sorted((ROOT / "plugins" / "module_utils").glob("*.py")) + MODULES
 
 
 @pytest.mark.parametrize("path", HOST_CODE, ids=lambda p: f"{p.parent.name}/{p.name}")

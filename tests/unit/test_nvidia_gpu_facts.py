@@ -1,10 +1,9 @@
-"""module_utils/nvidia_smi.py and the nvidia_gpu_facts module."""
+"""plugins/module_utils/nvidia_smi.py and the nvidia_gpu_facts module."""
 
 from pathlib import Path
 
-import nvidia_gpu_facts as facts_module
 import pytest
-from ansible.module_utils.nvidia_smi import (
+from ansible_collections.rigops.fleet.plugins.module_utils.nvidia_smi import (
     MISSING_MSG,
     QUERY_GPU_ARGS,
     NvidiaSmiError,
@@ -17,6 +16,7 @@ from ansible.module_utils.nvidia_smi import (
     parse_smi_xml,
     run_nvidia_smi,
 )
+from ansible_collections.rigops.fleet.plugins.modules import nvidia_gpu_facts as facts_module
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -189,7 +189,9 @@ def test_module_reads_captured_files(run_module, real_path):
 
 def test_module_missing_nvidia_smi(run_module, monkeypatch):
     monkeypatch.setenv("PATH", "/nonexistent")
-    monkeypatch.setattr("ansible.module_utils.nvidia_smi.os.path.isfile", lambda p: False)
+    monkeypatch.setattr(
+        "ansible_collections.rigops.fleet.plugins.module_utils.nvidia_smi.os.path.isfile", lambda p: False
+    )
     failed, result = run_module(facts_module.main, {})
     assert failed and result["reason"] == "missing" and result["msg"].startswith(MISSING_MSG[:40])
 

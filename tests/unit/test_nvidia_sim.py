@@ -619,7 +619,7 @@ def test_orin_profile(host):
 
 @pytest.mark.parametrize("profile, ram, swap", [("jetson-orin", 62801, True), ("jetson-thor", 125772, False)])
 def test_tegrastats_prints_the_boards_layout_until_stopped(host, profile, ram, swap):
-    from ansible.module_utils import jetson_platform  # noqa: PLC0415 (tests/conftest.py adds module_utils)
+    from ansible_collections.rigops.fleet.plugins.module_utils import jetson_platform  # noqa: PLC0415 (tests/conftest.py adds module_utils)
 
     h = host(profile)
     proc = subprocess.Popen(
@@ -687,7 +687,10 @@ def test_p2p_legend_matches_a_real_capture(host):
 def test_emulated_topology_reads_like_a_real_capture(host, profile):
     """The parser that reads the real captures reads the emulator's output cleanly."""
     import ansible.module_utils  # noqa: F401  (tests/conftest.py adds module_utils/)
-    from ansible.module_utils.nvidia_topology import parse_p2p_matrix, parse_topo_matrix
+    from ansible_collections.rigops.fleet.plugins.module_utils.nvidia_topology import (
+        parse_p2p_matrix,
+        parse_topo_matrix,
+    )
 
     h = host(profile, ready=True)
     topo = parse_topo_matrix(h.smi("topo", "-m").stdout)

@@ -1,9 +1,9 @@
-"""Parsers of module_utils/nvidia_topology.py, tested on real captures (tests/fixtures/nvidia-smi/real)."""
+"""Parsers of plugins/module_utils/nvidia_topology.py, tested on real captures (tests/fixtures/nvidia-smi/real)."""
 
 import os
 
 import pytest
-from ansible.module_utils.nvidia_topology import (
+from ansible_collections.rigops.fleet.plugins.module_utils.nvidia_topology import (
     env_truthy,
     link_nccl_level,
     link_rank,

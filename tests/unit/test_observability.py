@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ansible_collections.rigops.fleet.plugins.filter import observability as obs
 from ansible_run import ansible_playbook
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,8 +34,6 @@ DASHBOARD = ROLE / "files" / "grafana" / "rigops-vllm.json"
 METRICS = ROOT / "tests" / "fixtures" / "bench" / "metrics"
 KEY = "sk-observability-test-key-that-must-never-appear-0123456789"
 
-sys.path.insert(0, str(ROLE / "filter_plugins"))
-import observability as obs  # noqa: E402
 
 PROMTOOL = os.environ.get("RIGOPS_PROMTOOL") or shutil.which("promtool")
 # RIGOPS_REQUIRE_PROMTOOL=1 (the project's own test run): a missing promtool fails instead of skipping
@@ -168,13 +167,13 @@ RENDER = """\
       vars:
         observability__hv: "{{{{ hostvars[item] }}}}"
         observability__target: >-
-          {{{{ {{'instances': observability__hv.vllm_instances | default([]) | rigops_instances_public,
+          {{{{ {{'instances': observability__hv.vllm_instances | default([]) | rigops.fleet.instances_public,
               'flavour': observability__hv.vllm_runtime_flavour | default(none),
               'metrics_proxy': observability__hv.observability_metrics_proxy | default('auto'),
               'gpu_metrics': observability__hv.observability_gpu_metrics | default('auto'),
               'dcgm': observability__hv.observability_dcgm_exporter | default(false),
               'address_by_value': observability__hv[observability_address_by] | default(none)}}
-             | observability_target(item) }}}}
+             | rigops.fleet.observability_target(item) }}}}
     - name: Files
       ansible.builtin.template:
         src: "{role}/templates/{{{{ item.src }}}}"
@@ -221,8 +220,7 @@ def rendered(tmp_path_factory):
     (out / "hosts.yml").write_text(yaml.safe_dump(inventory))
     (out / "overrides.yml").write_text(f"observability__rules_file: {out}/rules/rigops.rules.yml\n")
     (out / "render.yml").write_text(RENDER.format(role=ROLE, out=out))
-    filters = {"ANSIBLE_FILTER_PLUGINS": f"{ROLE / 'filter_plugins'}:{ROOT / 'filter_plugins'}"}
-    proc = ansible_playbook("-i", out / "hosts.yml", out / "render.yml", env=filters)
+    proc = ansible_playbook("-i", out / "hosts.yml", out / "render.yml")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert KEY not in proc.stdout + proc.stderr
     return out

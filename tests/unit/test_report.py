@@ -1,14 +1,13 @@
-"""The main job's report (filter_plugins/rigops_report.py): a rig is ok only when every stage passed."""
+"""The main job's report (plugins/filter/report.py): a rig is ok only when every stage passed."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "filter_plugins"))
+from ansible_collections.rigops.fleet.plugins.filter import report as rigops_report
 
-import rigops_report  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
+
 
 STAGES = ["driver", "topology", "runtime", "weights", "services", "health"]
 DRIVER = {"version": "595.45.04", "source": "ubuntu", "gpu_count": "8"}

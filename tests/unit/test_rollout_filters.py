@@ -1,18 +1,16 @@
-"""The rollout's bookkeeping filters (filter_plugins/rigops_rollout.py): versions read from the config.toml
+"""The rollout's bookkeeping filters (plugins/filter/rollout.py): versions read from the config.toml
 files a host serves, and each host's result (its status decides the run's verdict)."""
 
 from __future__ import annotations
 
 import base64
-import sys
 from pathlib import Path
 
 import pytest
+from ansible_collections.rigops.fleet.plugins.filter import rollout as rr
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "filter_plugins"))
 
-import rigops_rollout as rr  # noqa: E402
 
 OLD = "/opt/rigops/vllm/releases/cpu-cpu-vllm0.32.0-torch2.13.0+cpu-py3.11-0a816e8303e6"
 NEW = "/opt/rigops/vllm/releases/cpu-cpu-vllm0.32.0-torch2.13.0+cpu-py3.11-77d2c0ffee42"
@@ -44,17 +42,17 @@ def slurped(**files):
 
 def test_versions_and_configs_from_the_files_a_host_serves():
     files = slurped(chat=TOML.format(python=OLD, commit="a" * 40))
-    versions = rr.rigops_rollout_versions(files, OLD)
+    versions = rr.rollout_versions(files, OLD)
     assert versions["runtime"] == "cpu-cpu-vllm0.32.0-torch2.13.0+cpu-py3.11-0a816e8303e6"
     chat = versions["instances"]["chat"]
     assert chat["runtime"] == versions["runtime"] and chat["commit"] == "a" * 40 and chat["revision"] == "v1.0.0"
     assert len(chat["config"]) == 12 and "absent" not in versions["instances"]
-    (config,) = rr.rigops_rollout_configs(files)
+    (config,) = rr.rollout_configs(files)
     assert config["server"]["port"] == 8000 and config["model"]["served_name"] == "tiny"
     assert config["security"]["require_key"] is True
-    newer = rr.rigops_rollout_versions(slurped(chat=TOML.format(python=NEW, commit="a" * 40)), NEW)
+    newer = rr.rollout_versions(slurped(chat=TOML.format(python=NEW, commit="a" * 40)), NEW)
     assert newer != versions and newer["instances"]["chat"]["config"] != chat["config"]
-    assert rr.rigops_rollout_versions({"results": []}, None) == {"runtime": None, "instances": {}}
+    assert rr.rollout_versions({"results": []}, None) == {"runtime": None, "instances": {}}
 
 
 BEFORE = {"runtime": "r-old", "instances": {"chat": {"runtime": "r-old", "commit": "c", "config": "1"}}}
@@ -83,13 +81,13 @@ FAIL = {"stage": "restart", "task": "Gate | vllm_endpoint on chat", "msg": "fail
     ],
 )
 def test_result_statuses(facts, status, ok):
-    result = rr.rigops_rollout_result(dict(facts, host="jet-1", batch=1, marks=[], end=0))
+    result = rr.rollout_result(dict(facts, host="jet-1", batch=1, marks=[], end=0))
     assert (result["status"], result["ok"], result["canary"]) == (status, ok, True)
 
 
 def test_result_figures_and_reason():
     marks = [["backup", 100.0], ["stage", 101.5], ["switch", 230.0], ["restart", 230.5], ["rollback", 260.0]]
-    result = rr.rigops_rollout_result(
+    result = rr.rollout_result(
         {
             "host": "jet-2", "batch": 2, "before": BEFORE, "after": BEFORE, "switched": True, "rolled_back": True,
             "failure": FAIL, "marks": marks, "end": 300.0,

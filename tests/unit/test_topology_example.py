@@ -21,9 +21,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import gpu_topology as gpu_topology_module
 import pytest
 import yaml
+from ansible_collections.rigops.fleet.plugins.modules import gpu_topology as gpu_topology_module
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "inventories" / "example"
@@ -105,10 +105,10 @@ def role_module_args(group):
     values = inventory_vars(group)
     tasks = load_yaml(ROLE / "tasks" / "main.yml")
     (gate,) = [t for t in tasks if "block" in t]
-    (task,) = [t for t in gate["block"] if "gpu_topology" in t]
+    (task,) = [t for t in gate["block"] if "rigops.fleet.gpu_topology" in t]
     instances = values["gpu_topology_instances"]
     args = {}
-    for option, template in task["gpu_topology"].items():
+    for option, template in task["rigops.fleet.gpu_topology"].items():
         if option == "groups":
             assert template == "{{ gpu_topology__groups }}"
             args["groups"] = [{"name": i["name"], "gpus": i["gpus"]} for i in instances]

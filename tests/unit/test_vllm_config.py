@@ -1,4 +1,4 @@
-"""config.toml of a vLLM instance (module_utils/vllm_config.py): schema, policy, placement, argv and env,
+"""config.toml of a vLLM instance (plugins/module_utils/vllm_config.py): schema, policy, placement, argv and env,
 and the configs the role builds from the instances (merge_instances, build_configs).
 
 The base case is the config.toml the vllm_service role rendered on a sandbox rig
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ansible.module_utils import instance_schema as schema
-from ansible.module_utils import vllm_config
-from ansible.module_utils.vllm_config import (
+from ansible_collections.rigops.fleet.plugins.module_utils import vllm_config
+from ansible_collections.rigops.fleet.plugins.module_utils import vllm_instances as schema
+from ansible_collections.rigops.fleet.plugins.module_utils.vllm_config import (
     INSTANCE_DEFAULTS,
     build_argv,
     build_configs,
@@ -247,18 +247,10 @@ def test_key_file_checks(raw, tmp_path):
     assert vllm_config.read_key(cfg["server"]) == "B" * 43
 
 
-def test_launcher_cli_preflight_and_check(raw, tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "module_utils")}
+def test_preflight_and_launcher_check(raw, tmp_path):
     clash = [raw, with_(raw, "server", instance="beta")]
-    (tmp_path / "all.json").write_text(json.dumps(clash))
-    proc = subprocess.run(
-        [sys.executable, str(LAUNCHER), "--preflight", str(tmp_path / "all.json")],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-    )
-    assert proc.returncode == 1 and "port 8001 is claimed by alpha, beta" in proc.stderr
+    assert any("port 8001 is claimed by alpha, beta" in p for p in vllm_config.preflight(clash))
+    env = {**os.environ, "PYTHONPATH": str(ROOT / ".collections")}
     (tmp_path / "bad.toml").write_text("[server\n")
     proc = subprocess.run(
         [sys.executable, str(LAUNCHER), "--check", str(tmp_path / "bad.toml")],
@@ -605,17 +597,16 @@ def probe_play(tmp_path, configs, root):
         }
         save = {"content": "{{ probe | to_json }}", "dest": str(tmp_path / f"keep-{keep}.json"), "mode": "0600"}
         tasks = [
-            {"name": "Probe", "vllm_service_probe": args, "register": "probe"},
+            {"name": "Probe", "rigops.fleet.vllm_service_probe": args, "register": "probe"},
             {"name": "Save", "ansible.builtin.copy": save},
         ]
         plays.append({"name": f"keep {keep}", "hosts": "localhost", "gather_facts": False, "tasks": tasks})
     (tmp_path / "play.yml").write_text(yaml.safe_dump(plays))
-    library = {"ANSIBLE_LIBRARY": str(ROOT / "roles" / "vllm_service" / "library")}
-    return ansible_playbook(*LOCALHOST, tmp_path / "play.yml", env=library)
+    return ansible_playbook(*LOCALHOST, tmp_path / "play.yml")
 
 
 def test_the_role_probe_runs_vllms_parser_from_the_runtime_through_ansible(tmp_path):
-    """roles/vllm_service/library/vllm_service_probe.py as Ansible ships it (AnsiballZ; the parsing function's
+    """plugins/modules/vllm_service_probe.py as Ansible ships it (AnsiballZ; the parsing function's
     source run by the runtime's python, here one with the stand-in vLLM): context limit, local code, extra_args
     through the parser, orphans from folders and units, and a port a kept orphan holds."""
     root, model, local = tmp_path / "etc" / "vllm", tmp_path / "model", tmp_path / "local"
@@ -658,7 +649,7 @@ def test_the_role_probe_runs_vllms_parser_from_the_runtime_through_ansible(tmp_p
 def test_the_source_sent_to_the_runtime_stands_alone(raw):
     """The probe sends PARSE_EXTRA_ARGS_SOURCE to the runtime's python as text (no file of this module there,
     under mitogen): on its own, in a fresh namespace, it defines the same function and judges alike."""
-    assert "import inspect" not in (ROOT / "roles/vllm_service/library/vllm_service_probe.py").read_text()
+    assert "import inspect" not in (ROOT / "plugins/modules/vllm_service_probe.py").read_text()
     alone = {}
     exec(vllm_config.PARSE_EXTRA_ARGS_SOURCE, alone)
     cfg, _ = normalize(raw)

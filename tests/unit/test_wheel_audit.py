@@ -1,4 +1,4 @@
-"""The wheel audit (module_utils/wheel_audit.py) on fixtures cut from the real wheels.
+"""The wheel audit (plugins/module_utils/wheel_audit.py) on fixtures cut from the real wheels.
 
 ``facts.json`` is what readelf and cuobjdump read from the real wheels (not this reader);
 the cut wheels keep the real headers, dynamic sections and fatbin entry headers
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from ansible.module_utils.wheel_audit import (
+from ansible_collections.rigops.fleet.plugins.module_utils.wheel_audit import (
     CORE_EXTENSIONS,
     TORCH_CUDA_LIB,
     WheelAuditError,

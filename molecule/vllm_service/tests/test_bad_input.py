@@ -4,7 +4,7 @@ Each case is an alias of vs-rig with the case's vllm_instances, all judged by on
 Each must be refused with a message that names the field, without a traceback, and must change
 nothing on the rig: the configs, the keys, the units and the running instances (same PIDs) stay
 as they were, and the instance still answers with its key. The table-driven unit test
-(tests/unit/test_instance_schema.py) holds many more cases; these are a representative dozen end to end.
+(tests/unit/test_vllm_instances.py) holds many more cases; these are a representative dozen end to end.
 """
 
 import copy

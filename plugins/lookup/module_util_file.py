@@ -1,0 +1,51 @@
+# Copyright: rigops contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+DOCUMENTATION = r"""
+name: module_util_file
+author: rigops contributors
+short_description: Where one of this collection's module_utils files lies on the controller
+description:
+  - Returns the path of a module_utils file of rigops.fleet that a host runs outside Ansible, so that a role
+    installs it from the collection itself, wherever the collection is (a checkout or an installed artifact).
+  - Only the files hosts run outside Ansible are known, by name; anything else is refused.
+options:
+  _terms:
+    description: Names of module_utils files, without C(.py).
+    required: true
+    type: list
+    elements: str
+"""
+
+EXAMPLES = r"""
+- name: Install the launcher's logic
+  ansible.builtin.copy:
+    src: "{{ lookup('rigops.fleet.module_util_file', 'vllm_config') }}"
+    dest: /usr/local/lib/rigops-vllm/ansible_collections/rigops/fleet/plugins/module_utils/vllm_config.py
+    mode: "0644"
+"""
+
+RETURN = r"""
+_raw:
+  description: The path of each named file on the controller.
+  type: list
+  elements: path
+"""
+
+from ansible.errors import AnsibleLookupError
+from ansible.plugins.lookup import LookupBase
+from ansible_collections.rigops.fleet.plugins.module_utils import vllm_config, vllm_instances
+
+# What a host runs outside Ansible: the vLLM launcher (roles/vllm_service/files/rigops-vllm-launch)
+# imports vllm_config, which imports vllm_instances.
+SHIPPED = {"vllm_config": vllm_config, "vllm_instances": vllm_instances}
+
+
+class LookupModule(LookupBase):
+    def run(self, terms, variables=None, **kwargs):
+        paths = []
+        for name in terms:
+            if name not in SHIPPED:
+                known = ", ".join(sorted(SHIPPED))
+                raise AnsibleLookupError(f"module_util_file: {name!r} is not a file hosts run; known: {known}")
+            paths.append(SHIPPED[name].__file__)
+        return paths

@@ -1,0 +1,141 @@
+#!/usr/bin/python
+# Copyright: rigops contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+
+DOCUMENTATION = r"""
+---
+module: jetson_tegrastats
+short_description: One tegrastats sample of a Jetson as facts (RAM, swap, CPU, GPU load, temperatures, power)
+description:
+  - Starts C(tegrastats --interval <ms>), reads its first line, stops it (tegrastats prints until it is stopped)
+    and parses the line.
+  - Publishes the C(jetson_health) fact; read-only.
+version_added: "0.1.0"
+author: rigops contributors
+options:
+  tegrastats_path:
+    description: tegrastats; by default searched in E(PATH), /usr/bin and /usr/sbin.
+    type: path
+  interval:
+    description: Milliseconds between tegrastats' samples (the first one comes after about this long).
+    type: int
+    default: 1000
+  timeout:
+    description: Seconds to wait for the first line.
+    type: int
+    default: 15
+attributes:
+  check_mode:
+    support: full
+    details: Read-only; runs the same in check mode.
+  diff_mode:
+    support: none
+  facts:
+    support: full
+notes:
+  - Layouts differ between boards and JetPack releases (AGX Orin prints SWAP, EMC and GR3D loads; Thor on JetPack
+    7.0 prints no SWAP and GPU clocks without a load); a field a board does not print is null. The parser is
+    plugins/module_utils/jetson_platform.py, tested on real lines (tests/fixtures/jetson/tegrastats/).
+"""
+
+EXAMPLES = r"""
+- name: One health sample
+  jetson_tegrastats:
+  register: health
+"""
+
+RETURN = r"""
+line:
+  description: The line tegrastats printed.
+  returned: always
+  type: str
+  sample: "08-07-2026 17:50:34 RAM 42435/125772MB (lfb 5x4MB) CPU [7%@972] cpu@52.906C tj@56.906C gpu@56.5C ..."
+ansible_facts:
+  description: The C(jetson_health) fact.
+  returned: always
+  type: complex
+  contains:
+    jetson_health:
+      description:
+        - C(sample) (every parsed field, plugins/module_utils/jetson_platform.py parse_tegrastats) and C(summary)
+          (C(ram_used_mb), C(ram_total_mb), C(swap_used_mb), C(swap_total_mb), C(cpu_load_percent),
+          C(gpu_load_percent), C(gpu_temp_c), C(max_temp_c), C(input_power_mw)).
+      type: dict
+      returned: always
+      sample: {"summary": {"ram_used_mb": 42435, "ram_total_mb": 125772, "swap_used_mb": null,
+                           "swap_total_mb": null, "cpu_load_percent": 7.0, "gpu_load_percent": null,
+                           "gpu_temp_c": 56.5, "max_temp_c": 56.906, "input_power_mw": 68862}}
+"""
+
+import os
+import select
+import subprocess
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.rigops.fleet.plugins.module_utils.jetson_platform import health_summary, parse_tegrastats
+
+
+def first_line(argv, timeout):
+    """The first non-empty line the command prints, then the command is stopped. (line, error)."""
+    env = dict(os.environ, LC_ALL="C")
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, close_fds=True)
+    deadline = time.monotonic() + timeout
+    buf = b""
+    try:
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                break
+            chunk = proc.stdout.read1(4096) if hasattr(proc.stdout, "read1") else proc.stdout.readline()
+            if not chunk:
+                break
+            buf += chunk
+            lines = [ln for ln in buf.split(b"\n")[:-1] if ln.strip()]
+            if lines:
+                return lines[0].decode("utf-8", "replace"), None
+        err = b""
+        try:
+            proc.wait(timeout=2)  # it closed its output: it is exiting
+        except subprocess.TimeoutExpired:
+            pass
+        if proc.poll() is not None:
+            err = proc.stderr.read() or b""
+        return None, (err.decode("utf-8", "replace").strip() or f"no line within {timeout}s")
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "tegrastats_path": {"type": "path"},
+            "interval": {"type": "int", "default": 1000},
+            "timeout": {"type": "int", "default": 15},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    binary = p["tegrastats_path"] or module.get_bin_path(
+        "tegrastats", required=True, opt_dirs=["/usr/bin", "/usr/sbin"]
+    )
+    line, error = first_line([binary, "--interval", str(p["interval"])], p["timeout"])
+    if line is None:
+        module.fail_json(msg=f"tegrastats printed nothing: {error}")
+    sample = parse_tegrastats(line)
+    if sample is None:
+        module.fail_json(msg=f"tegrastats printed a line without a RAM field: {line[:300]!r}", line=line)
+    module.exit_json(
+        changed=False, line=line, ansible_facts={"jetson_health": {"sample": sample, "summary": health_summary(sample)}}
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,344 @@
+#!/usr/bin/python
+# Copyright: rigops contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+
+DOCUMENTATION = r"""
+---
+module: vllm_service_probe
+short_description: What the vllm_service preflight checks on the host before anything changes
+description:
+  - For each instance's config (what its config.toml will hold), the checks that need the host, read-only
+    (plugins/module_utils/vllm_config.py).
+  - C(max_model_len) against the staged model's C(config.json) (C(max_position_embeddings) and the like, stretched
+    by rope scaling), unless O(allow_long_max_model_len).
+  - The code a C(local) model ships (C(auto_map) in C(config.json) or C(tokenizer_config.json), C(*.py) files)
+    with C(trust_remote_code) and a path outside the allow list it is refused; otherwise noted.
+  - C(extra_args) parsed by vLLM's own argument parser, from the runtime the config names (both spellings,
+    C(=) forms, abbreviations, positionals). What the config owns, or what would bypass its checks, is refused,
+    and so is whatever the parser refuses (unknown flags, bad values). Only instances with C(extra_args) start the
+    runtime's python.
+  - Instances on the host that left the inventory (orphans), found from folders C(<config_root>/<name>/config.toml)
+    and units C(vllm@<name>.service) (loaded, enabled, or with a drop-in), with the port each config holds.
+  - The key is never read.
+version_added: "0.1.0"
+author: rigops contributors
+options:
+  configs:
+    description: The instances' configs (vllm_config.build_configs; no secret in them).
+    type: list
+    elements: dict
+    required: true
+  config_root:
+    description: Folder of the per-instance folders.
+    type: path
+    default: /etc/vllm
+  systemd_root:
+    description: Folder of the local unit files (drop-ins C(vllm@<name>.service.d), C(*.wants) links).
+    type: path
+    default: /etc/systemd/system
+  keep_orphans:
+    description:
+      - The orphans are kept running (vllm_service_keep_orphans); a port one of them holds (its config.toml) that an
+        instance of O(configs) claims is then a problem (that instance would fail with "address in use").
+    type: bool
+    default: false
+  allow_long_max_model_len:
+    description: Skip the context limit check (vLLM's C(VLLM_ALLOW_LONG_MAX_MODEL_LEN=1) is in the units' environment).
+    type: bool
+    default: false
+  timeout:
+    description: Seconds the runtime's python may take to import vLLM and parse the arguments.
+    type: int
+    default: 600
+attributes:
+  check_mode:
+    support: full
+    description: Read-only; runs the same in check mode.
+"""
+
+EXAMPLES = r"""
+- name: Probe the host for the instances' configs
+  vllm_service_probe:
+    configs: "{{ vllm_service__configs }}"
+    config_root: /etc/vllm
+  register: probe
+"""
+
+RETURN = r"""
+problems:
+  description: What the host refuses, one message per problem (file, key, fix); empty when all is well.
+  type: list
+  elements: str
+  returned: always
+  sample: ["/etc/vllm/chat/config.toml: [model] max_model_len: 65536 is more than the model allows (32768 tokens)"]
+notes:
+  description: What is worth knowing but refuses nothing (code a model ships and does not run, ...).
+  type: list
+  elements: str
+  returned: always
+  sample: []
+orphans:
+  description: Instances present on the host that are not in O(configs), by name.
+  type: list
+  elements: str
+  returned: always
+  sample: [old-chat]
+orphan_folders:
+  description: The orphans that have a folder under O(config_root).
+  type: list
+  elements: str
+  returned: always
+  sample: [old-chat]
+orphan_ports:
+  description: The port each orphan's config.toml holds (when readable).
+  type: dict
+  returned: always
+  sample: {old-chat: 8000}
+extra_args_checked:
+  description: Instances whose extra_args vLLM's parser judged.
+  type: list
+  elements: str
+  returned: always
+  sample: [chat]
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.rigops.fleet.plugins.module_utils.vllm_config import (
+    PARSE_EXTRA_ARGS_SOURCE,
+    build_argv,
+    context_problems,
+    extra_args_problems,
+    load,
+    normalize,
+    orphan_port_clashes,
+    orphans,
+    remote_code_findings,
+    unit_instances,
+)
+from ansible_collections.rigops.fleet.plugins.module_utils.vllm_instances import MANAGED_DESTS
+
+# Run with the runtime's python: builds the API server's own parser and judges each instance's
+# extra_args with parse_extra_args (PARSE_EXTRA_ARGS_SOURCE, put before this). vLLM's logging goes to
+# stderr; the answer is the one JSON document on the saved stdout.
+DRIVER = r"""
+import json, os, sys
+_answer = os.fdopen(os.dup(1), "w")
+os.dup2(2, 1)
+
+
+def _first(*names):
+    import importlib
+
+    for module, attr in names:
+        try:
+            return getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError):
+            continue
+    raise ImportError("none of " + ", ".join(m + "." + a for m, a in names))
+
+
+def _vllm_parser():
+    # where vLLM keeps them moves between releases; the API server's own pair
+    flexible = _first(("vllm.utils.argparse_utils", "FlexibleArgumentParser"), ("vllm.utils", "FlexibleArgumentParser"))
+    make = _first(
+        ("vllm.entrypoints.launchers.cli_args", "make_arg_parser"),
+        ("vllm.entrypoints.openai.cli_args", "make_arg_parser"),
+    )
+    return make(flexible(prog="vllm.entrypoints.openai.api_server"))
+
+
+_request = json.loads(sys.stdin.read())
+_out = {}
+for _item in _request["instances"]:
+    _out[_item["name"]] = parse_extra_args(_vllm_parser(), _item["extra_args"], _request["managed"], _item["argv"])
+_answer.write(json.dumps(_out))
+_answer.flush()
+"""
+
+
+def _judge_extra_args(module, cfgs, config_root):
+    """{instance: findings} from vLLM's parser, one runtime python per distinct python."""
+    by_python = {}
+    for cfg in cfgs:
+        if cfg["engine"]["extra_args"]:
+            by_python.setdefault(cfg["server"]["python"], []).append(cfg)
+    problems, checked = [], []
+    for python, group in sorted(by_python.items()):
+        names = ", ".join(c["server"]["instance"] for c in group)
+        if not os.access(python, os.X_OK):
+            problems.append(
+                f"{names}: [engine] extra_args cannot be checked: {python} is not an executable; install the runtime "
+                "(vllm_runtime role) first"
+            )
+            continue
+        request = {
+            "managed": MANAGED_DESTS,
+            "instances": [
+                {
+                    "name": c["server"]["instance"],
+                    "extra_args": c["engine"]["extra_args"],
+                    "argv": build_argv(c)[: -len(c["engine"]["extra_args"])],
+                }
+                for c in group
+            ],
+        }
+        home = tempfile.mkdtemp(prefix="rigops-vllm-args-")
+        env = dict(
+            os.environ,
+            HOME=home,
+            XDG_CACHE_HOME=home,
+            XDG_CONFIG_HOME=home,
+            VLLM_CONFIG_ROOT=home,
+            VLLM_CACHE_ROOT=home,
+            HF_HOME=home,
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            VLLM_NO_USAGE_STATS="1",
+            DO_NOT_TRACK="1",
+            VLLM_LOGGING_LEVEL="ERROR",
+            LC_ALL="C",
+        )
+        env.pop("VLLM_API_KEY", None)
+        script = PARSE_EXTRA_ARGS_SOURCE + DRIVER
+        try:
+            proc = subprocess.run(
+                [python, "-c", script],
+                input=json.dumps(request),
+                capture_output=True,
+                text=True,
+                env=env,
+                cwd=home,
+                timeout=module.params["timeout"],
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            limit = module.params["timeout"]
+            problems.append(f"{names}: [engine] extra_args: {python} did not answer within {limit} s")
+            continue
+        finally:
+            shutil.rmtree(home, ignore_errors=True)
+        try:
+            answer = json.loads(proc.stdout)
+        except ValueError:
+            tail = " | ".join(proc.stderr.strip().splitlines()[-3:])
+            problems.append(
+                f"{names}: [engine] extra_args: vLLM's parser could not be loaded from {python} (rc {proc.returncode}: "
+                f"{tail or 'no output'}); check the runtime (vllm_runtime role)"
+            )
+            continue
+        for cfg in group:
+            name = cfg["server"]["instance"]
+            checked.append(name)
+            problems += extra_args_problems(answer.get(name, []), f"{config_root}/{name}/config.toml")
+    return problems, checked
+
+
+def _systemctl_units(module):
+    """Instance names of the vllm@ units systemd knows (loaded or in unit files); [] when it cannot be asked."""
+    systemctl = module.get_bin_path("systemctl")
+    if not systemctl:
+        return []
+    names = []
+    for args in (
+        ["list-units", "--all", "--plain", "--no-legend", "--no-pager", "vllm@*.service"],
+        ["list-unit-files", "--plain", "--no-legend", "--no-pager", "vllm@*.service"],
+    ):
+        rc, out, _ = module.run_command([systemctl] + args, environ_update={"LC_ALL": "C"})
+        if rc == 0:
+            names += [line.split()[0] for line in out.splitlines() if line.split()]
+    return names
+
+
+def _local_units(root):
+    """vllm@<name>.service names enabled (*.wants links) or with a drop-in folder under root."""
+    names = []
+    try:
+        entries = os.listdir(root)
+    except OSError:
+        return names
+    for entry in entries:
+        if entry.startswith("vllm@") and entry.endswith(".service.d"):
+            names.append(entry[: -len(".d")])
+        elif entry.endswith(".wants") and os.path.isdir(os.path.join(root, entry)):
+            try:
+                names += [n for n in os.listdir(os.path.join(root, entry)) if n.startswith("vllm@")]
+            except OSError:
+                continue
+    return names
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "configs": {"type": "list", "elements": "dict", "required": True},
+            "config_root": {"type": "path", "default": "/etc/vllm"},
+            "systemd_root": {"type": "path", "default": "/etc/systemd/system"},
+            "keep_orphans": {"type": "bool", "default": False},
+            "allow_long_max_model_len": {"type": "bool", "default": False},
+            "timeout": {"type": "int", "default": 600},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    problems, notes, cfgs = [], [], []
+    for raw in p["configs"]:
+        name = str((raw.get("server") or {}).get("instance", "?"))
+        where = f"{p['config_root']}/{name}/config.toml"
+        cfg, probs = normalize(raw, where)
+        if probs:  # the controller's preflight already refused these; nothing to judge here
+            problems += probs
+            continue
+        cfgs.append(cfg)
+        problems += context_problems(cfg, where, allow_long=p["allow_long_max_model_len"])
+        refused, noted = remote_code_findings(cfg, where)
+        problems += refused
+        notes += noted
+    arg_problems, checked = _judge_extra_args(module, cfgs, p["config_root"])
+    problems += arg_problems
+
+    wanted = [c["server"]["instance"] for c in cfgs] + [
+        str((r.get("server") or {}).get("instance", "")) for r in p["configs"]
+    ]
+    try:
+        folders = [
+            n for n in os.listdir(p["config_root"]) if os.path.isfile(os.path.join(p["config_root"], n, "config.toml"))
+        ]
+    except OSError:
+        folders = []
+    units = unit_instances(_systemctl_units(module) + _local_units(p["systemd_root"]))
+    found = orphans(wanted, folders, units)
+    ports = {}
+    for name in found:
+        try:
+            ports[name] = load(os.path.join(p["config_root"], name, "config.toml"))["server"]["port"]
+        except Exception:  # noqa: BLE001 - an unreadable old config has no port to report
+            continue
+    if p["keep_orphans"]:
+        claimed = {c["server"]["instance"]: c["server"]["port"] for c in cfgs}
+        for port, orphan, name in orphan_port_clashes(ports, claimed):
+            problems.append(
+                f"{p['config_root']}/{name}/config.toml: [server] port: {port} is held by {orphan}, which left "
+                "vllm_instances and is kept (vllm_service_keep_orphans: true): the instance would fail with 'address "
+                "in use'; give it another port, or let the role remove the old instance (vllm_service_keep_orphans: "
+                "false)"
+            )
+    module.exit_json(
+        changed=False,
+        problems=problems,
+        notes=notes,
+        orphans=found,
+        orphan_folders=[n for n in found if n in folders],
+        orphan_ports=ports,
+        extra_args_checked=checked,
+    )
+
+
+if __name__ == "__main__":
+    main()
