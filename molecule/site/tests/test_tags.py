@@ -66,7 +66,7 @@ def test_a_part_of_each_role_runs_alone_with_its_preflight(hostname, selection):
     assert (counts["changed"], counts["unreachable"], counts["failed"]) == (0, 0, 0), out[-3000:]
     for tag in selection:
         role = next(r for r in ROLES if tag.startswith(r + "_"))
-        assert f"[{role} : Preflight |" in out, f"--tags {tag} ran no preflight task of {role}"
+        assert f"[rigops.fleet.{role} : Preflight |" in out, f"--tags {tag} ran no preflight task of {role}"
     assert report_of(hostname)["status"] == "ok"
 
 
