@@ -2,27 +2,24 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """The jetson_platform role's decisions as filters, run on the controller.
 
-- ``instances | jetson_budget(instance_defaults, os_reserve)``: the instances' shares of the
-  board's unified memory against the OS reserve (jetson_platform.memory_budget), each instance merged
-  with the contract's defaults and vllm_service_instance_defaults first (instance_schema);
-- ``facts | jetson_judge(boards, flavour, build, accept_cpu, host)``: board, JetPack and the
+- ``merged | rigops.fleet.jetson_budget(os_reserve)``: the shares of the board's unified memory the
+  instances (merged by rigops.fleet.vllm_instances) promise, against the OS reserve
+  (jetson_platform.memory_budget);
+- ``facts | rigops.fleet.jetson_judge(boards, flavour, build, accept_cpu, host)``: board, JetPack and the
   runtime build the inventory chose: {problems, table, build, expects};
-- ``name | jetson_power_mode(modes)``: {id, name} of a mode of the board, or {error};
-- ``facts | jetson_swap(want_gb, ram_below_gb, path)``: the swap decision;
-- ``stderr | jetson_swapon_failure(fstype)``: why swapon refused the file.
+- ``name | rigops.fleet.jetson_power_mode(modes)``: {id, name} of a mode of the board, or {error};
+- ``facts | rigops.fleet.jetson_swap(want_gb, ram_below_gb, path)``: the swap decision;
+- ``stderr | rigops.fleet.jetson_swapon_failure(fstype)``: why swapon refused the file.
 
 The logic is plugins/module_utils/jetson_platform.py (also run on hosts by the modules).
 """
 
 from ansible_collections.rigops.fleet.plugins.module_utils import jetson_platform as jetson
-from ansible_collections.rigops.fleet.plugins.module_utils import vllm_instances as schema
 from ansible_collections.rigops.fleet.plugins.plugin_utils.plain import plain as _plain
 
 
-def jetson_budget(instances, instance_defaults=None, os_reserve=0.2):
-    base = schema._merge(schema.defaults(), _plain(instance_defaults or {}))
-    merged = [schema._merge(base, inst) for inst in _plain(instances or []) if isinstance(inst, dict)]
-    return jetson.memory_budget(merged, float(os_reserve))
+def jetson_budget(merged, os_reserve=0.2):
+    return jetson.memory_budget(_plain(merged or []), float(os_reserve))
 
 
 def jetson_judge(facts, boards, flavour, build="", accept_cpu=True, host=""):

@@ -66,13 +66,6 @@ REMOTE_PREFIX = "remote:"
 WILDCARDS = ("0.0.0.0", "::")
 
 
-def _merge(base, over):
-    out = dict(base)
-    for key, value in over.items():
-        out[key] = _merge(out[key], value) if isinstance(out.get(key), dict) and isinstance(value, dict) else value
-    return out
-
-
 def _hostvar(hostvars, host, name, default=None):
     try:
         value = hostvars[host].get(name, default)
@@ -134,8 +127,6 @@ def backends(hosts, hostvars, gateway, addresses=None):
         given = addresses.get(host) or _hostvar(hostvars, host, "llm_gateway_upstream_address")
         address = str(given or _hostvar(hostvars, host, "ansible_host") or host)
         same = host == str(gateway)
-        raw = _hostvar(hostvars, host, "vllm_instances", [])
-        site = _hostvar(hostvars, host, "vllm_service_instance_defaults", {})
         entry = {
             "host": host,
             "address": address,
@@ -144,26 +135,22 @@ def backends(hosts, hostvars, gateway, addresses=None):
             "instances": [],
             "problem": None,
         }
-        if not isinstance(raw, list) or not isinstance(site, dict):
-            entry["problem"] = (
-                f"{host}: vllm_instances (or vllm_service_instance_defaults) is malformed; "
-                "the main job's preflight names the fix (docs/instances.md)"
-            )
+        try:
+            instances = _merged(hostvars, host)
+        except ValueError as exc:
+            entry["problem"] = f"{host}: {exc}"
             out.append(entry)
             continue
-        base = _merge(schema.defaults(), site)
-        for inst in raw:
-            if not isinstance(inst, dict) or not isinstance(inst.get("name"), str):
+        for inst in instances:
+            if not isinstance(inst.get("name"), str):
                 entry["problem"] = f"{host}: an instance of vllm_instances has no name (docs/instances.md)"
                 continue
-            merged = _merge(base, inst)
-            model = merged.get("model") if isinstance(merged.get("model"), dict) else {}
-            security = merged.get("security") if isinstance(merged.get("security"), dict) else {}
-            bind = str(merged.get("host") or "127.0.0.1")
+            model, security = inst["model"], inst["security"]
+            bind = str(inst.get("host") or "127.0.0.1")
             item = {
                 "name": inst["name"],
                 "ref": f"{host}/{inst['name']}",
-                "port": merged.get("port"),
+                "port": inst.get("port"),
                 "bind": bind,
                 "served_name": model.get("served_name") or inst["name"],
                 "require_key": security.get("require_key", True) is not False,
@@ -229,12 +216,19 @@ def key_reads(backend_list, hostvars):
     return out
 
 
+def _merged(hostvars, host):
+    """A rig's instances merged by the contract (plugins/module_utils/vllm_instances.py); ValueError
+    with the contract's refusal when they cannot be merged (the main job's preflight refuses them first)."""
+    return schema.merge(
+        _hostvar(hostvars, host, "vllm_instances", []), _hostvar(hostvars, host, "vllm_service_instance_defaults", None)
+    )
+
+
 def _given_keys(hostvars, host):
-    raw = _hostvar(hostvars, host, "vllm_instances", [])
-    site = _hostvar(hostvars, host, "vllm_service_instance_defaults", {})
-    if not isinstance(raw, list):
+    try:
+        return schema.given_keys(_merged(hostvars, host))
+    except ValueError:
         return {}
-    return schema.given_keys(raw, site if isinstance(site, dict) else {})
 
 
 def upstream_keys(backend_list, hostvars, slurped=None, remotes=None):

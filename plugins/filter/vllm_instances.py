@@ -1,27 +1,27 @@
 # Copyright: rigops contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The instance schema (plugins/module_utils/vllm_instances.py) as filters, run on the controller.
+"""The instance contract (plugins/module_utils/vllm_instances.py) as filters, run on the controller.
 
-- ``vllm_instances | instance_problems(context)``: every problem of a host's list, each a
-  dict ``{path, value, allowed, example, msg}``; context keys: flavour, expected_gpus,
+- ``vllm_instances | rigops.fleet.vllm_instances(site_defaults)``: the host's instances merged by the
+  contract (each over vllm_service_instance_defaults over the contract's defaults, deeply, on
+  copies): what every other filter of the collection takes. A list that cannot be merged is
+  refused with the contract's message;
+- ``vllm_instances | rigops.fleet.instance_problems(context)``: every problem of a host's list,
+  each a dict ``{path, value, allowed, example, msg}``; context keys: flavour, expected_gpus,
   allow_privileged_ports, allow_remote_bind, instance_defaults, remote_code_allowed,
-  allowed_models, gpu_memory_limit (None takes the schema's default). A key's value never
-  appears in a problem.
-- ``problems | instance_refusal(host)``: the refusal text, one line per problem.
-- ``vllm_instances | instances_public``: the instances without ``security.api_key`` (or
-  any key that looks secret): what a task may loop over, print or publish.
-- ``vllm_instances | model_refs``: ``[{name, model: {source, id, revision, hub, path,
-  trust_remote_code}}]``: what model_weights plans with (never ``security``).
-- ``vllm_instances | model_sources``: the sorted model sources (what vllm_runtime needs to
-  know, e.g. ``[modelscope]``).
-- ``[vllm_instances, ...] | fleet_cache_models(extra)``: the ``{hub, id, revision}`` a fleet
-  cache holds for its clients' ``fleet_cache`` models and the extra ones, each once.
-- ``vllm_instances | given_keys(instance_defaults)``: ``{name: key}`` of the keys given in
-  the inventory, only for the task that writes the key files (``no_log: true``).
-
-Used by playbooks/preflight.yml (every stage, every tag selection) and the roles. The file is
-imported by path: the project's module_utils folder is only a search path for the modules
-Ansible ships to hosts; the controller's Python cannot import it as ansible.module_utils.
+  allowed_models, gpu_memory_limit (None takes the contract's default). A key's value never
+  appears in a problem;
+- ``problems | rigops.fleet.instance_refusal(host)``: the refusal text, one line per problem;
+- ``instances | rigops.fleet.instances_public``: the instances without ``security.api_key`` (or
+  any key that looks secret): what a task may loop over, print or publish;
+- ``instances | rigops.fleet.model_refs``: ``[{name, model: {source, id, revision, hub, path,
+  trust_remote_code}}]``: what model_weights plans with (never ``security``);
+- ``instances | rigops.fleet.model_sources``: the sorted model sources (what vllm_runtime needs to
+  know, e.g. ``[modelscope]``);
+- ``[vllm_instances, ...] | rigops.fleet.fleet_cache_models(extra)``: the ``{hub, id, revision}`` a
+  fleet cache holds for its clients' ``fleet_cache`` models and the extra ones, each once;
+- ``merged | rigops.fleet.given_keys``: ``{name: key}`` of the keys the inventory gives, only for
+  the task that writes the key files (``no_log: true``).
 """
 
 from ansible.errors import AnsibleFilterError
@@ -59,8 +59,15 @@ def fleet_cache_models(host_lists, extra=None):
         raise AnsibleFilterError(str(exc)) from exc
 
 
-def given_keys(instances, instance_defaults=None):
-    return schema.given_keys(_plain(instances), _plain(instance_defaults or {}))
+def given_keys(merged):
+    return schema.given_keys(_plain(merged))
+
+
+def vllm_instances(instances, site_defaults=None):
+    try:
+        return schema.merge(_plain(instances), _plain(site_defaults) if site_defaults is not None else None)
+    except ValueError as exc:
+        raise AnsibleFilterError(str(exc)) from exc
 
 
 class FilterModule:
@@ -74,5 +81,6 @@ class FilterModule:
             "model_refs": model_refs,
             "model_sources": model_sources,
             "given_keys": given_keys,
+            "vllm_instances": vllm_instances,
             "fleet_cache_models": fleet_cache_models,
         }

@@ -2,10 +2,8 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Filters of the vllm_service role, run on the controller.
 
-- ``rigops.fleet.vllm_instances(instances, defaults)``: each instance with the contract's defaults
-  and ``vllm_service_instance_defaults`` merged under it (vllm_config.merge_instances);
-- ``rigops.fleet.vllm_configs(instances, staged, settings)``: one config per instance, what its
-  config.toml holds (vllm_config.build_configs);
+- ``merged | rigops.fleet.vllm_configs(staged, settings)``: one config per instance (merged by
+  rigops.fleet.vllm_instances), what its config.toml holds (vllm_config.build_configs);
 - ``configs | rigops.fleet.vllm_preflight(limit)``: what the launcher refuses in one host's configs
   (each file's policy, then their placement: ports, names, memory per GPU), before any is written;
 - ``rigops.fleet.vllm_toml(config, header, launcher)``: the whole text of one config.toml, written
@@ -87,13 +85,6 @@ def render_toml(config, header, launcher):
     return "\n".join(header_lines + comments) + "\n\n" + tomli_w.dumps(body)
 
 
-def vllm_instances(instances, defaults=None):
-    try:
-        return vllm_config.merge_instances(_plain(instances), _plain(defaults or {}))
-    except ValueError as exc:
-        raise AnsibleFilterError(str(exc)) from exc
-
-
 def vllm_configs(instances, staged, settings):
     try:
         return vllm_config.build_configs(_plain(instances), _plain(staged), _plain(settings))
@@ -127,7 +118,6 @@ class FilterModule:
 
     def filters(self):
         return {
-            "vllm_instances": vllm_instances,
             "vllm_configs": vllm_configs,
             "vllm_preflight": vllm_preflight,
             "vllm_toml": vllm_toml,

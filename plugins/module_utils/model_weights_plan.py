@@ -19,19 +19,27 @@ import stat
 import struct
 from urllib.parse import urlsplit
 
-HUBS = ("modelscope", "huggingface")
-SOURCES = ("modelscope", "huggingface", "local", "controller", "fleet_cache")
-# Sources that name the hub in model.hub: the fan-out through the controller, and the pull
-# from the site's fleet cache (roles/fleet_cache), which staged the model from that hub.
-HUB_SOURCES = ("controller", "fleet_cache")
+# The instance contract's words: its sources (HUB_SOURCES name the hub in model.hub: the fan-out
+# through the controller, and the pull from the site's fleet cache), hubs, ids, names and paths.
+from ansible_collections.rigops.fleet.plugins.module_utils.vllm_instances import (
+    HUB_ID_RE as ID_RE,
+)
+from ansible_collections.rigops.fleet.plugins.module_utils.vllm_instances import (
+    HUB_SOURCES,
+    HUBS,
+    SOURCES,
+    name_problem,
+)
+from ansible_collections.rigops.fleet.plugins.module_utils.vllm_instances import (
+    path_problem as model_path_problem,
+)
+
 # The fleet cache's listing of its verified models (roles/fleet_cache writes it).
 CACHE_INDEX = "index.json"
 MARKER = ".rigops-model.json"
 MARKER_VERSION = 1
 # \A...\Z, not ^...$: `$` also matches before a trailing newline.
 COMMIT_RE = re.compile(r"\A[0-9a-f]{40}\Z")
-ID_RE = re.compile(r"\A[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*\Z")
-INSTANCE_RE = re.compile(r"\A[a-z0-9][a-z0-9-]*\Z")
 DEFAULT_REVISION = {"modelscope": "master", "huggingface": "main"}
 DEFAULT_ENDPOINT = {"modelscope": "https://www.modelscope.cn", "huggingface": "https://huggingface.co"}
 OTHER_HUB = {"modelscope": "huggingface", "huggingface": "modelscope"}
@@ -53,8 +61,8 @@ def model_key(hub: str, model_id: str, revision: str) -> str:
 def normalize_model(instance: dict) -> dict:
     """One instance's model, with defaults, or ValueError saying what is wrong."""
     name = instance.get("name") if isinstance(instance, dict) else None
-    if not isinstance(name, str) or not INSTANCE_RE.match(name):
-        raise ValueError(f"instance name {name!r} must match [a-z0-9][a-z0-9-]* (see docs/instances.md)")
+    if name_problem(name):
+        raise ValueError(f"instance name {name!r} {name_problem(name)} (see docs/instances.md)")
     model = instance.get("model")
     if not isinstance(model, dict):
         raise ValueError(f"instance {name}: model must be a mapping with source and id (see docs/instances.md)")
@@ -63,7 +71,7 @@ def normalize_model(instance: dict) -> dict:
         raise ValueError(f"instance {name}: model.source must be one of {', '.join(SOURCES)} (got {source!r})")
     if source == "local":
         path = model.get("path") or ""
-        if not isinstance(path, str) or not path.startswith("/"):
+        if model_path_problem(path):
             raise ValueError(f"instance {name}: source local needs model.path, an absolute directory (got {path!r})")
         return {
             "key": f"local:{path.rstrip('/') or '/'}",

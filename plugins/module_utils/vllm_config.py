@@ -7,11 +7,9 @@ Pure functions with plain data in and out, shared by:
 - the launcher `rigops-vllm-launch` (roles/vllm_service/files), installed on the host next to
   a copy of this file: `--check` validates a file (the template's `validate:`), `--dry-run`
   prints the command, the default execs vLLM;
-- the role's preflight, which runs the same launcher on the controller over every instance
-  of a host (`--preflight`) before anything on the host changes;
-- the filters of plugins/filter/vllm_service.py, which builds every config of
-  a host on the controller from its instances, the staged weights and the role's variables
-  (`merge_instances`, `build_configs`).
+- the filters of plugins/filter/vllm_service.py, which build every config of a host on the
+  controller from its instances (merged and judged by the contract, vllm_instances), the staged
+  weights and the role's variables (`build_configs`), and judge them (`preflight`).
 
 - the vllm_service role's probe (plugins/modules/vllm_service_probe.py), which runs
   the checks that need the host before anything changes: the staged model's limits and code,
@@ -19,7 +17,7 @@ Pure functions with plain data in and out, shared by:
 
 The rules it shares with the instance schema (names, hosts, ports, keys, managed flags, tensor
 parallel size, memory per GPU, remote code) come from plugins/module_utils/vllm_instances.py, never
-from a copy: the role installs both files side by side in the launcher's folder.
+from a copy: the role installs both beside the launcher, under the collection's path.
 
 This file must import nothing outside the standard library (the host runs it with the
 system Python, or with the runtime's).
@@ -27,6 +25,7 @@ system Python, or with the runtime's).
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 
@@ -72,15 +71,8 @@ CACHE_ENV = (
 # The sections of config.toml, in the order the file lists them.
 SECTIONS = ("server", "model", "engine", "security", "metrics")
 
-# The contract's defaults of an instance (docs/instances.md, plugins/module_utils/vllm_instances.py):
-# under the role's vllm_service_instance_defaults, under the instance itself. The schema
-# requires model.source; a config built without one is a local model (its path is checked).
-INSTANCE_DEFAULTS = schema.defaults()
-INSTANCE_DEFAULTS["model"]["source"] = "local"
-
 # What build_configs takes from the role's variables (vllm_service__settings).
 SETTINGS = (
-    "instance_defaults",  # vllm_service_instance_defaults
     "python",  # the runtime release's python (vllm_service__python)
     "config_root",  # vllm_service_config_root
     "cache_root",  # vllm_service__cache_root
@@ -824,58 +816,10 @@ def runtime_distribution(python):
 # Building the configs (controller): plain data in, plain data out.
 
 
-def merge(base, over):
-    """A copy of `base` with `over` merged in: mappings recursively, anything else (lists too) replaced.
-
-    Ansible's combine(recursive=true); neither argument is modified.
-    """
-    out = {key: _copy(value) for key, value in base.items()}
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merge(out[key], value)
-        else:
-            out[key] = _copy(value)
-    return out
-
-
-def _copy(value):
-    if isinstance(value, dict):
-        return {k: _copy(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_copy(v) for v in value]
-    return value
-
-
-def merge_instances(instances, defaults=None):
-    """Each instance over `defaults` (vllm_service_instance_defaults) over INSTANCE_DEFAULTS.
-
-    ValueError when the list or an entry is not of the contract's shape (docs/instances.md).
-    """
-    if not isinstance(instances, list):
-        raise ValueError(f"vllm_instances: {instances!r} is not a list; write a list of instances (docs/instances.md)")
-    defaults = {} if defaults is None else defaults
-    if not isinstance(defaults, dict):
-        raise ValueError(f"vllm_service_instance_defaults: {defaults!r} is not a mapping; write it like an instance")
-    base = merge(INSTANCE_DEFAULTS, defaults)
-    merged = []
-    for index, inst in enumerate(instances):
-        if not isinstance(inst, dict):
-            raise ValueError(f"vllm_instances[{index}]: {inst!r} is not a mapping; write each instance as one")
-        out = merge(base, inst)
-        for section in ("model", "engine", "security"):
-            if not isinstance(out[section], dict):
-                raise ValueError(
-                    f"vllm_instances[{index}] ({out.get('name', '?')}): {section}: {out[section]!r} is not a "
-                    f"mapping; write {section}: as a mapping of its keys (docs/instances.md)"
-                )
-        merged.append(out)
-    return merged
-
-
 def build_configs(instances, staged, settings):
     """One config per instance (what its config.toml holds, sections SECTIONS), in the instances' order.
 
-    instances: vllm_instances as in the inventory (defaults are merged here, merge_instances);
+    instances: the host's instances merged and judged by the contract (vllm_instances.merge, problems);
     staged: {instance name: model_weights' record (path, commit, ...)}; `local` instances
     use their model.path and need no record; settings: the role's variables named in
     SETTINGS. Values are copied as given: their types and ranges are the launcher's to judge
@@ -891,7 +835,7 @@ def build_configs(instances, staged, settings):
     if not isinstance(staged, dict):
         raise ValueError(f"model_weights_staged: {staged!r} is not a mapping of instance names to records")
     configs = []
-    for inst in merge_instances(instances, settings["instance_defaults"]):
+    for inst in instances:
         if "name" not in inst:
             raise ValueError(f"vllm_instances: an instance has no name ({inst!r}); give each one (docs/instances.md)")
         name, model, security = inst["name"], inst["model"], inst["security"]
@@ -904,7 +848,7 @@ def build_configs(instances, staged, settings):
             "host": inst["host"],
             "allow_remote_bind": settings["allow_remote_bind"],
             "key_file": f"{settings['config_root']}/{name}/api_key" if security["require_key"] else "",
-            "gpus": _copy(inst["gpus"]),
+            "gpus": copy.deepcopy(inst["gpus"]),
             "python": settings["python"],
             "cache_dir": f"{settings['cache_root']}/{name}",
         }
@@ -925,11 +869,11 @@ def build_configs(instances, staged, settings):
                     "max_model_len": model["max_model_len"],
                     "trust_remote_code": model["trust_remote_code"],
                 },
-                "engine": _copy(inst["engine"]),
+                "engine": copy.deepcopy(inst["engine"]),
                 "security": {
                     "require_key": security["require_key"],
-                    "allowed_models": _copy(settings["allowed_models"]),
-                    "remote_code_allowed": _copy(settings["remote_code_allowed"]),
+                    "allowed_models": copy.deepcopy(settings["allowed_models"]),
+                    "remote_code_allowed": copy.deepcopy(settings["remote_code_allowed"]),
                 },
                 "metrics": {"enabled": settings["metrics_enabled"]},
             }

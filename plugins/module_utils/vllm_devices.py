@@ -170,5 +170,5 @@ def device_plan(name, flavour, gpus, gpu_facts=None, extra=()):
 
 
 def device_plans(instances, flavour, gpu_facts=None, extra=()):
-    """device_plan for each instance of a host ({name, gpus, ...} as merged by vllm_config.merge_instances)."""
+    """device_plan for each instance of a host ({name, gpus, ...} as merged by the contract, vllm_instances.merge)."""
     return [device_plan(inst["name"], flavour, list(inst.get("gpus") or []), gpu_facts, extra) for inst in instances]

@@ -1,11 +1,15 @@
 # Copyright: rigops contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The schema of `vllm_instances` (docs/instances.md) and the rules that judge one host's list.
+"""The instance contract: `vllm_instances` (docs/instances.md), its schema, its one merge and its judge.
 
-One schema, plain data, enforced once on the controller before anything changes:
+The one owner of what an instance is. Every consumer (the main job's preflight, the services
+role and its launcher, the gateway's routing table, the Jetson memory budget, model staging)
+takes instances merged and judged here and never merges or judges them itself:
 
 - `SCHEMA`: every key of an instance at every level, with its type, default, range or
   choices, an example and a description;
+- `merge(instances, site_defaults)`: each instance over vllm_service_instance_defaults over the
+  contract's defaults, deeply, on copies (nothing is shared with the inventory);
 - `problems(instances, context)`: every mistake of a host's list, each as a plain dict
   `{path, value, allowed, example, msg}` (`value` is `"<redacted>"` for anything that may be a
   secret: a key's value never reaches a message);
@@ -334,6 +338,62 @@ def _merge(base, over):
         else:
             out[key] = _copy(value)
     return out
+
+
+def merge(instances, site_defaults=None):
+    """Each instance of a host's list over `site_defaults` (vllm_service_instance_defaults) over `defaults()`.
+
+    Deeply (mappings key by key; lists and scalars replaced) and on copies: the result shares nothing
+    with the inventory. ValueError, with the refusal problems() gives, when the list cannot be merged
+    (not a list, an entry or a section that is not a mapping); a list that merges may still have
+    problems(): judge it before use.
+    """
+    shape = _shape_problems(instances, site_defaults)
+    if shape:
+        raise ValueError(render(shape))
+    base = _merge(defaults(), site_defaults or {})
+    return [_merge(base, inst) for inst in instances or []]
+
+
+def _shape_problems(instances, site_defaults):
+    """The problems that make a list impossible to merge, in problems()' words."""
+    report = _Report()
+    if site_defaults is not None and not isinstance(site_defaults, dict):
+        _site_defaults(report, site_defaults)
+    if instances is not None and not isinstance(instances, list):
+        _not_a_list(report, instances, "vllm_instances")
+        return report.items
+    for index, inst in enumerate(instances or []):
+        path = f"vllm_instances[{index}]"
+        if not isinstance(inst, dict):
+            _not_a_mapping(report, path, inst)
+            continue
+        for section in ("model", "engine", "security"):
+            if section in inst and not isinstance(inst[section], dict):
+                spec = SCHEMA[section]
+                report.add(f"{path}.{section}", inst[section], _type_fix("dict", inst[section]), _TYPE_WORDS["dict"],
+                           spec["example"], secret=_is_secret(section, "an instance", inst[section]))  # fmt: skip
+    return report.items
+
+
+def _not_a_list(report, instances, name):
+    report.add(
+        name,
+        "<a mapping>" if isinstance(instances, dict) else instances,
+        "must be a list of instances",
+        "a YAML list, one entry per instance (docs/instances.md)",
+        [{"name": "chat", "port": 8000, "model": {"source": "modelscope", "id": "Qwen/Qwen3.5-9B"}}],
+    )
+
+
+def _not_a_mapping(report, path, inst):
+    report.add(
+        path,
+        inst,
+        "is not a mapping",
+        "a mapping with name, port and model",
+        {"name": "chat", "port": 8000, "model": {"source": "modelscope", "id": "Qwen/Qwen3.5-9B"}},
+    )
 
 
 def defaults():
@@ -758,26 +818,14 @@ def problems(instances, context=None, name="vllm_instances"):
     if instances is None:
         instances = []
     if not isinstance(instances, list):
-        report.add(
-            name,
-            "<a mapping>" if isinstance(instances, dict) else instances,
-            "must be a list of instances",
-            "a YAML list, one entry per instance (docs/instances.md)",
-            [{"name": "chat", "port": 8000, "model": {"source": "modelscope", "id": "Qwen/Qwen3.5-9B"}}],
-        )
+        _not_a_list(report, instances, name)
         return report.items
     base = _merge(defaults(), site)
     judged = []
     for index, inst in enumerate(instances):
         path = f"{name}[{index}]"
         if not isinstance(inst, dict):
-            report.add(
-                path,
-                inst,
-                "is not a mapping",
-                "a mapping with name, port and model",
-                {"name": "chat", "port": 8000, "model": {"source": "modelscope", "id": "Qwen/Qwen3.5-9B"}},
-            )
+            _not_a_mapping(report, path, inst)
             continue
         bad = set()
         for key, spec in SCHEMA.items():
@@ -1145,18 +1193,16 @@ def fleet_cache_models(host_lists, extra=None):
     return [{"hub": h, "id": i, "revision": r} for h, i, r in sorted(found)]
 
 
-def given_keys(instances, instance_defaults=None):
-    """{name: key} of the instances that require a key and give one (merged over the defaults).
+def given_keys(merged):
+    """{name: key} of the merged instances that require a key and give one.
 
     Only for the task that writes the key files, under no_log.
     """
-    base = _merge(defaults(), instance_defaults if isinstance(instance_defaults, dict) else {})
     out = {}
-    for inst in instances if isinstance(instances, list) else []:
+    for inst in merged if isinstance(merged, list) else []:
         if not isinstance(inst, dict) or not isinstance(inst.get("name"), str):
             continue
-        merged = _merge(base, inst)
-        security = merged.get("security") if isinstance(merged.get("security"), dict) else {}
+        security = inst.get("security") if isinstance(inst.get("security"), dict) else {}
         key = security.get("api_key")
         if security.get("require_key", True) is not False and isinstance(key, str) and key:
             out[inst["name"]] = key

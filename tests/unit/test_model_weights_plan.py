@@ -108,7 +108,7 @@ def test_cache_entry_finds_the_revision_or_its_commit_and_names_what_the_cache_h
         (inst("a", source="controller", id="a/b"), "needs model.hub"),
         (inst("a", source="modelscope", id="no-slash"), "Org/Name"),
         (inst("a", source="local", path="relative"), "absolute directory"),
-        ({"name": "Bad_Name", "model": {}}, "must match"),
+        ({"name": "Bad_Name", "model": {}}, "holds characters other than a-z"),
         ({"name": "a"}, "model must be a mapping"),
     ],
 )

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ansible_collections.rigops.fleet.plugins.module_utils import vllm_instances as schema
 from ansible_collections.rigops.fleet.plugins.modules import gpu_topology as gpu_topology_module
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -95,8 +96,10 @@ def inventory_vars(group):
     for layer in ("all", "gpu-rigs", group):
         for f in sorted((EXAMPLE / "group_vars" / layer).glob("*.yml")):
             merged.update(load_yaml(f))
-    assert merged["gpu_topology_instances"] == "{{ vllm_instances | default([]) }}"
-    merged["gpu_topology_instances"] = merged["vllm_instances"]
+    assert "rigops.fleet.vllm_instances(vllm_service_instance_defaults" in merged["gpu_topology_instances"]
+    merged["gpu_topology_instances"] = schema.merge(
+        merged["vllm_instances"], merged.get("vllm_service_instance_defaults")
+    )
     return merged
 
 

@@ -1,5 +1,5 @@
 """config.toml of a vLLM instance (plugins/module_utils/vllm_config.py): schema, policy, placement, argv and env,
-and the configs the role builds from the instances (merge_instances, build_configs).
+and the configs the role builds from the merged instances (build_configs).
 
 The base case is the config.toml the vllm_service role rendered on a sandbox rig
 (fixtures/vllm_service/alpha.config.toml), the model directory the real tiny model staged
@@ -18,7 +18,6 @@ import yaml
 from ansible_collections.rigops.fleet.plugins.module_utils import vllm_config
 from ansible_collections.rigops.fleet.plugins.module_utils import vllm_instances as schema
 from ansible_collections.rigops.fleet.plugins.module_utils.vllm_config import (
-    INSTANCE_DEFAULTS,
     build_argv,
     build_configs,
     build_env,
@@ -26,7 +25,6 @@ from ansible_collections.rigops.fleet.plugins.module_utils.vllm_config import (
     command,
     dry_run,
     load,
-    merge_instances,
     normalize,
     placement,
     validate,
@@ -286,11 +284,14 @@ STAGED = {
 }
 
 
+SITE = yaml.safe_load((ROOT / "inventories/sandbox/group_vars/all/vllm_service.yml").read_text())[
+    "vllm_service_instance_defaults"
+]
+
+
 def sandbox_settings(**over):
-    """The role's variables as vars/main.yml hands them over, with the sandbox's instance defaults."""
-    sandbox = yaml.safe_load((ROOT / "inventories/sandbox/group_vars/all/vllm_service.yml").read_text())
+    """The role's variables as vars/main.yml hands them over."""
     settings = {
-        "instance_defaults": sandbox["vllm_service_instance_defaults"],
         "python": load(FIX / "alpha.config.toml")["server"]["python"],
         "config_root": "/etc/vllm",
         "cache_root": "/var/cache/vllm",
@@ -303,8 +304,13 @@ def sandbox_settings(**over):
     return settings
 
 
+def configs(instances, staged, settings=None):
+    """build_configs on the instances merged by the contract with the sandbox's instance defaults, as the role does."""
+    return build_configs(schema.merge(instances, SITE), staged, settings or sandbox_settings())
+
+
 def test_build_configs_gives_what_the_role_rendered_on_the_sandbox_rig():
-    alpha, beta = build_configs(MOLECULE_INSTANCES, STAGED, sandbox_settings())
+    alpha, beta = configs(MOLECULE_INSTANCES, STAGED)
     assert alpha == load(FIX / "alpha.config.toml")
     assert beta["server"]["instance"] == "beta" and beta["server"]["port"] == 8002
     assert beta["server"]["key_file"] == "/etc/vllm/beta/api_key"
@@ -324,9 +330,14 @@ def test_local_model_served_name_default_no_key_and_no_secret():
             "model": {"source": "local", "path": "/data/models/tiny"},
             "security": {"require_key": False},
         },
-        {"name": "vault", "port": 9001, "model": {"id": "org/m"}, "security": {"api_key": "s3cret-from-the-vault"}},
+        {
+            "name": "vault",
+            "port": 9001,
+            "model": {"source": "huggingface", "id": "org/m"},
+            "security": {"api_key": "s3cret-from-the-vault"},
+        },
     ]
-    loc, vault = build_configs(instances, {"vault": {"path": "/srv/m", "commit": "c0ffee"}}, sandbox_settings())
+    loc, vault = configs(instances, {"vault": {"path": "/srv/m", "commit": "c0ffee"}})
     # local: its own path, no commit, no staged record needed; the name is served by default
     assert loc["model"]["path"] == "/data/models/tiny" and loc["model"]["commit"] == ""
     assert loc["model"]["served_name"] == "loc"
@@ -339,9 +350,7 @@ def test_local_model_served_name_default_no_key_and_no_secret():
 
 
 def test_non_local_model_without_a_record_gets_an_empty_path_the_launcher_refuses():
-    (cfg,) = build_configs(
-        [{"name": "a", "port": 1, "model": {"source": "huggingface", "id": "o/m"}}], {}, sandbox_settings()
-    )
+    (cfg,) = configs([{"name": "a", "port": 1, "model": {"source": "huggingface", "id": "o/m"}}], {})
     assert cfg["model"]["path"] == "" and cfg["model"]["commit"] == ""
     assert any("[model] path: '' is not absolute; stage the weights first" in p for p in problems(cfg))
 
@@ -350,7 +359,7 @@ def test_role_variables_reach_every_config():
     settings = sandbox_settings(
         allow_remote_bind=True, allowed_models=["tiny-a"], remote_code_allowed=["org/ok"], metrics_enabled=False
     )
-    for cfg in build_configs(MOLECULE_INSTANCES, STAGED, settings):
+    for cfg in configs(MOLECULE_INSTANCES, STAGED, settings):
         assert cfg["server"]["allow_remote_bind"] is True
         assert cfg["security"]["allowed_models"] == ["tiny-a"]
         assert cfg["security"]["remote_code_allowed"] == ["org/ok"]
@@ -361,38 +370,18 @@ def test_role_variables_reach_every_config():
     assert settings["allowed_models"] == ["tiny-a"]
 
 
-def test_merge_order_contract_then_site_then_instance():
-    defaults = {"engine": {"enforce_eager": True, "extra_args": ["--seed=1"]}, "model": {"max_model_len": 1024}}
-    inst = {"name": "a", "port": 1, "engine": {"extra_args": ["--seed=2"], "max_num_seqs": 8}, "gpus": [3]}
-    before = copy.deepcopy((defaults, inst))
-    (merged,) = merge_instances([inst], defaults)
-    assert merged["engine"]["enforce_eager"] is True  # site over contract
-    assert merged["engine"]["extra_args"] == ["--seed=2"]  # lists are replaced, not appended
-    assert merged["engine"]["max_num_seqs"] == 8 and merged["engine"]["gpu_memory_utilization"] == 0.9
-    assert merged["model"]["max_model_len"] == 1024 and merged["model"]["dtype"] == "auto"
-    assert merged["gpus"] == [3] and merged["host"] == "127.0.0.1" and merged["security"]["require_key"] is True
-    assert (defaults, inst) == before  # inputs untouched
-    merged["engine"]["extra_args"].append("x")
-    assert INSTANCE_DEFAULTS["engine"]["extra_args"] == []  # nor the contract's defaults
-    assert merge_instances([merged], defaults) == [merged]  # merging again changes nothing
-
-
 @pytest.mark.parametrize(
     ("instances", "staged", "over", "expected"),
     [
-        ({"name": "a"}, {}, {}, "vllm_instances: {'name': 'a'} is not a list"),
-        (["a"], {}, {}, "vllm_instances[0]: 'a' is not a mapping"),
-        ([{"name": "a", "port": 1, "model": None}], {}, {}, "vllm_instances[0] (a): model: None is not a mapping"),
         ([{"port": 1}], {}, {}, "an instance has no name"),
         ([{"name": "a", "port": 1}], {"a": "x"}, {}, "model_weights_staged: a: 'x' is not a record"),
         ([], [], {}, "model_weights_staged: [] is not a mapping"),
         ([], {}, {"allow_remote_bind": "false"}, "allow_remote_bind: 'false' is not a bool"),
-        ([], {}, {"instance_defaults": []}, "vllm_service_instance_defaults: [] is not a mapping"),
     ],
 )
 def test_build_configs_refuses_malformed_input(instances, staged, over, expected):
     with pytest.raises(ValueError) as info:
-        build_configs(instances, staged, sandbox_settings(**over))
+        configs(instances, staged, sandbox_settings(**over))
     assert expected in str(info.value)
 
 
@@ -404,7 +393,7 @@ def test_build_configs_names_missing_settings():
 
 
 def test_missing_port_is_left_for_the_launcher_to_name():
-    (cfg,) = build_configs([{"name": "a", "model": {"source": "local", "path": "/m"}}], {}, sandbox_settings())
+    (cfg,) = configs([{"name": "a", "model": {"source": "local", "path": "/m"}}], {})
     assert "port" not in cfg["server"]
     assert any("[server] port: missing; it is required" in p for p in problems(cfg))
 
@@ -626,8 +615,8 @@ def test_the_role_probe_runs_vllms_parser_from_the_runtime_through_ansible(tmp_p
         {"name": "gamma", "port": 8003, "model": {"source": "local", "path": str(local), "trust_remote_code": True}},
     ]
     staged = {n: {"path": str(model), "commit": COMMIT} for n in ("alpha", "beta")}
-    configs = build_configs(instances, staged, sandbox_settings(python=str(python), config_root=str(root)))
-    proc = probe_play(tmp_path, configs, root)
+    built = configs(instances, staged, sandbox_settings(python=str(python), config_root=str(root)))
+    proc = probe_play(tmp_path, built, root)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     out = json.loads((tmp_path / "keep-False.json").read_text())
     text = "\n".join(out["problems"])

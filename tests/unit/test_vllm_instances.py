@@ -630,10 +630,9 @@ def test_a_toml_breaking_served_name_round_trips_into_config_toml():
 
     served = 'q"] [server]\nport = 1 # \\ 😀 \x1b[31m'
     (cfg,) = vllm_config.build_configs(
-        [inst(model__served_name=served)],
+        schema.merge([inst(model__served_name=served)]),
         {"chat": {"path": "/srv/m", "commit": "c"}},
         {
-            "instance_defaults": {},
             "python": "/opt/venv/bin/python",
             "config_root": "/etc/vllm",
             "cache_root": "/var/cache/vllm",
@@ -692,10 +691,7 @@ def test_every_schema_key_is_documented_in_docs_instances():
 
 def test_defaults_are_the_launchers_and_names_fit_a_systemd_user():
     assert vllm_config.schema is schema  # one schema: vllm_config imports it, never a copy
-    merged = vllm_config.INSTANCE_DEFAULTS
-    for section in ("model", "engine", "security"):
-        for key, value in schema.defaults()[section].items():
-            assert merged[section][key] == value, (section, key)
+    assert not hasattr(vllm_config, "merge_instances")  # one merge: the contract's
     assert len(schema.USER_PREFIX + "a" * schema.NAME_MAX) == 31
     cfg = vllm_config.load(Path(__file__).parent / "fixtures" / "vllm_service" / "alpha.config.toml")
     cfg["server"]["instance"] = "a" * 27
@@ -717,8 +713,42 @@ def test_public_view_and_model_refs_carry_no_key():
 def test_given_keys_follow_the_merge_and_require_key():
     instances = [inst(), dict(SECOND, security={"require_key": False, "api_key": OTHER_KEY}), inst(name="gen")]
     instances[2]["security"] = {}
-    assert schema.given_keys(instances) == {"chat": KEY}
-    assert schema.given_keys([inst(security={})], {"security": {"api_key": OTHER_KEY}}) == {"chat": OTHER_KEY}
+    assert schema.given_keys(schema.merge(instances)) == {"chat": KEY}
+    site = {"security": {"api_key": OTHER_KEY}}
+    assert schema.given_keys(schema.merge([inst(security={})], site)) == {"chat": OTHER_KEY}
+
+
+def test_merge_order_contract_then_site_then_instance():
+    site = {"engine": {"enforce_eager": True, "extra_args": ["--seed=1"]}, "model": {"max_model_len": 1024}}
+    one = {"name": "a", "port": 1, "engine": {"extra_args": ["--seed=2"], "max_num_seqs": 8}, "gpus": [3]}
+    before = copy.deepcopy((site, one))
+    (merged,) = schema.merge([one], site)
+    assert merged["engine"]["enforce_eager"] is True  # site over contract
+    assert merged["engine"]["extra_args"] == ["--seed=2"]  # lists are replaced, not appended
+    assert merged["engine"]["max_num_seqs"] == 8 and merged["engine"]["gpu_memory_utilization"] == 0.9
+    assert merged["model"]["max_model_len"] == 1024 and merged["model"]["dtype"] == "auto"
+    assert merged["gpus"] == [3] and merged["host"] == "127.0.0.1" and merged["security"]["require_key"] is True
+    assert (site, one) == before  # inputs untouched
+    merged["engine"]["extra_args"].append("x")
+    merged["gpus"].append(4)
+    assert one["gpus"] == [3] and schema.defaults()["engine"]["extra_args"] == []  # nothing shared
+    assert schema.merge([merged], site) == [merged]  # merging again changes nothing
+    assert schema.merge(None) == [] and schema.merge([]) == []
+
+
+@pytest.mark.parametrize(
+    ("instances", "site", "expected"),
+    [
+        ({"name": "a"}, None, "vllm_instances: '<a mapping>' must be a list of instances"),
+        (["a"], None, "vllm_instances[0]: 'a' is not a mapping"),
+        ([{"name": "a", "port": 1, "model": None}], None, "vllm_instances[0].model: None is not a mapping"),
+        ([], [], "vllm_service_instance_defaults: [] is not a mapping"),
+    ],
+)
+def test_what_cannot_be_merged_is_refused_in_the_contracts_words(instances, site, expected):
+    with pytest.raises(ValueError) as info:
+        schema.merge(instances, site)
+    assert expected in str(info.value) and "vllm_instances refused" in str(info.value)
 
 
 def test_managed_flag_spellings():

@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 import yaml
 from ansible.errors import AnsibleFilterError
+from ansible_collections.rigops.fleet.plugins.filter import vllm_instances as contract
 from ansible_collections.rigops.fleet.plugins.filter import vllm_service as plugin
+from ansible_collections.rigops.fleet.plugins.module_utils import vllm_instances as schema
 from ansible_collections.rigops.fleet.plugins.module_utils.vllm_config import build_configs, load, placement, validate
 from ansible_run import LOCALHOST, ansible_playbook
 
@@ -57,10 +59,8 @@ def inventory_configs(inventory):
             }
             for i in instances
         }
+        site = hostvars.get("vllm_service_instance_defaults", defaults["vllm_service_instance_defaults"])
         settings = {
-            "instance_defaults": hostvars.get(
-                "vllm_service_instance_defaults", defaults["vllm_service_instance_defaults"]
-            ),
             "python": "/opt/rigops/vllm/releases/r1/venv/bin/python",
             "config_root": defaults["vllm_service_config_root"],
             "cache_root": "/var/cache/vllm",
@@ -69,7 +69,7 @@ def inventory_configs(inventory):
             "remote_code_allowed": defaults["vllm_service_remote_code_allowed"],
             "metrics_enabled": defaults["vllm_service_metrics_enabled"],
         }
-        out[host] = build_configs(instances, staged, settings)
+        out[host] = build_configs(schema.merge(instances, site), staged, settings)
     return out
 
 
@@ -196,14 +196,13 @@ def test_the_header_must_be_comment_lines(header):
 
 def test_filters_turn_value_errors_into_filter_errors():
     assert set(plugin.FilterModule().filters()) == {
-        "vllm_instances",
         "vllm_configs",
         "vllm_preflight",
         "vllm_toml",
         "vllm_devices",
     }
-    with pytest.raises(AnsibleFilterError, match=r"vllm_instances\[0\] \(a\): model: 'x' is not a mapping"):
-        plugin.vllm_instances([{"name": "a", "model": "x"}], {})
+    with pytest.raises(AnsibleFilterError, match=r"vllm_instances\[0\]\.model: 'x' is not a mapping"):
+        contract.vllm_instances([{"name": "a", "model": "x"}], {})
     with pytest.raises(AnsibleFilterError, match="settings lack"):
         plugin.vllm_configs([], {}, {})
 
