@@ -44,11 +44,11 @@ CONNECTIONS = ("ssh", "mitogen")
 FIELDS = ("value", "unit", "source", "measured")
 # the measured figures the estimate needs, and the benchmark that measures each
 REQUIRED = {
-    "task_cost_ssh_1_host": "benchmarks/connection_cost.py",
-    "task_cost_mitogen_1_host": "benchmarks/connection_cost.py",
-    "rollout_wall": "benchmarks/rollout.py",
-    "rollout_canary_board": "benchmarks/rollout.py",
-    "rollout_batch2_slowest": "benchmarks/rollout.py",
+    "task_cost_ssh_1_host": "lab/measure/connection_cost.py",
+    "task_cost_mitogen_1_host": "lab/measure/connection_cost.py",
+    "rollout_wall": "lab/measure/rollout.py",
+    "rollout_canary_board": "lab/measure/rollout.py",
+    "rollout_batch2_slowest": "lab/measure/rollout.py",
 }
 CACHE_PULL = "cache_pull"
 # Assumptions: no benchmark of this repository measures them. Red Hat's automation controller
@@ -216,7 +216,7 @@ def cache_pull_note(inputs: dict[str, dict]) -> str:
     """What the estimate knows about one board's pull from a cache."""
     entry = inputs.get(CACHE_PULL)
     if not entry:
-        return f"cache pull: not in the inputs file (add {CACHE_PULL}: measured with benchmarks/model_weights.py)"
+        return f"cache pull: not in the inputs file (add {CACHE_PULL}: measured with lab/measure/model_weights.py)"
     if entry["value"] is None:
         return f"cache pull: not measured yet (run {entry['source']})"
     return f"cache pull: {entry['value']} {entry['unit']} [{entry['source']}, {entry['measured']}]"

@@ -72,14 +72,15 @@ def timings() -> list[str]:
 @pytest.fixture(scope="session")
 def wheelhouse() -> Path:
     out = cache_root() / "wheelhouse" / "cpu"
-    _step("wheelhouse", [sys.executable, str(ROOT / "sandbox/wheelhouse/build.py"), "--out", str(out)])
+    _step("wheelhouse", [sys.executable, str(ROOT / "lab/sandbox/wheelhouse/build.py"), "--out", str(out)])
     return out
 
 
 @pytest.fixture(scope="session")
 def runtime_python(wheelhouse) -> Path:
     venv = _step(
-        "runtime venv", [sys.executable, str(ROOT / "sandbox/wheelhouse/mkvenv.py"), "--wheelhouse", str(wheelhouse)]
+        "runtime venv",
+        [sys.executable, str(ROOT / "lab/sandbox/wheelhouse/mkvenv.py"), "--wheelhouse", str(wheelhouse)],
     )
     return Path(venv) / "bin" / "python"
 
@@ -87,12 +88,12 @@ def runtime_python(wheelhouse) -> Path:
 @pytest.fixture(scope="session")
 def tiny_model(runtime_python) -> Path:
     # the runtime venv has numpy, safetensors and tokenizers (vLLM needs them)
-    return Path(_step("tiny model", [str(runtime_python), str(ROOT / "sandbox/model/make_tiny_model.py")]))
+    return Path(_step("tiny model", [str(runtime_python), str(ROOT / "lab/sandbox/model/make_tiny_model.py")]))
 
 
 @pytest.fixture(scope="session")
 def hub_server(tiny_model, tmp_path_factory):
-    sys.path.insert(0, str(ROOT / "sandbox" / "hub"))
+    sys.path.insert(0, str(ROOT / "lab" / "sandbox" / "hub"))
     import hub
 
     log = tmp_path_factory.mktemp("hub") / "requests.jsonl"

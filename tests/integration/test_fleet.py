@@ -14,9 +14,9 @@ pytestmark = pytest.mark.integration
 
 
 def fleet(*args):
-    env = dict(os.environ, CONTAINERS_CONF=str(ROOT / "sandbox" / "podman" / "containers.conf"))
+    env = dict(os.environ, CONTAINERS_CONF=str(ROOT / "lab" / "sandbox" / "podman" / "containers.conf"))
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "sandbox" / "fleet.py"), *args],
+        [sys.executable, str(ROOT / "lab" / "sandbox" / "fleet.py"), *args],
         capture_output=True,
         text=True,
         env=env,
@@ -39,7 +39,7 @@ def test_up_twice_then_down(clean):
     rc, out, err = fleet("up", "--host", f"{HOST}:nogpu:2398", "--json")
     assert rc == 0, err
     assert "0 created" in err and f"host {HOST}: ok" in err
-    assert "[127.0.0.1]:2398 ssh-ed25519 " in (ROOT / "sandbox" / ".state" / "known_hosts").read_text()
+    assert "[127.0.0.1]:2398 ssh-ed25519 " in (ROOT / "lab" / "sandbox" / ".state" / "known_hosts").read_text()
     rc, out, _ = fleet("list")
     line = next(ln for ln in out.splitlines() if ln.startswith(f"rigops-{HOST}\t"))
     assert "\tUp " in line and "nogpu" in line and "127.0.0.1:2398->22/tcp" in line
@@ -53,7 +53,7 @@ def test_down_takes_what_the_host_wrote_out_of_podmans_way_and_deletes_it_after(
     """podman rm would delete it under its storage lock; down sets it aside and deletes it in the background."""
     rc, _, err = fleet("up", "--host", f"{HOST}:nogpu:2398")
     assert rc == 0, err
-    env = dict(os.environ, CONTAINERS_CONF=str(ROOT / "sandbox" / "podman" / "containers.conf"))
+    env = dict(os.environ, CONTAINERS_CONF=str(ROOT / "lab" / "sandbox" / "podman" / "containers.conf"))
 
     def podman(*args):
         return subprocess.run(["podman", *args], capture_output=True, text=True, env=env, check=True).stdout.strip()
@@ -74,7 +74,7 @@ def test_down_takes_what_the_host_wrote_out_of_podmans_way_and_deletes_it_after(
 def test_ssh_reaches_the_host_with_recorded_host_keys(clean):
     rc, _, err = fleet("up", "--host", f"{HOST}:nogpu:2398")
     assert rc == 0, err
-    state = ROOT / "sandbox" / ".state"
+    state = ROOT / "lab" / "sandbox" / ".state"
     ssh = subprocess.run(
         [
             "ssh",
@@ -117,7 +117,7 @@ def test_host_whose_processes_were_killed_is_recreated(clean):
     assert rc == 0, err
 
     def inspect(fmt):
-        env = dict(os.environ, CONTAINERS_CONF=str(ROOT / "sandbox" / "podman" / "containers.conf"))
+        env = dict(os.environ, CONTAINERS_CONF=str(ROOT / "lab" / "sandbox" / "podman" / "containers.conf"))
         cmd = ["podman", "inspect", "--format", fmt, f"rigops-{HOST}"]
         return subprocess.run(cmd, capture_output=True, text=True, env=env, check=True).stdout.strip()
 

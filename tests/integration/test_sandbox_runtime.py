@@ -28,7 +28,7 @@ import pytest
 
 pytestmark = pytest.mark.integration
 
-MS_REPO = "Qwen/Qwen3.5-9B"  # ModelScope id in sandbox/hub/catalog.json
+MS_REPO = "Qwen/Qwen3.5-9B"  # ModelScope id in lab/sandbox/hub/catalog.json
 HF_REPO = "Qwen/Qwen3.5-9B-Instruct"  # the same files under the Hugging Face id
 SHARD1 = "model-00001-of-00003.safetensors"
 

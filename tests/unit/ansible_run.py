@@ -1,7 +1,7 @@
 """ansible-playbook as the unit tests run it on this machine: the one of the test's virtualenv, in the
 project root, with the project's ansible.cfg and no colour (the tests read its output).
 
-The runner (tools/run_tests.py) sets the strategy of these runs through the environment
+The runner (lab/run_tests.py) sets the strategy of these runs through the environment
 (ANSIBLE_STRATEGY), which they inherit."""
 
 import json

@@ -2,8 +2,8 @@
 
 The benchmark scripts import their shared helper as ``import _sandbox`` (as scripts,
 their own folder is first on sys.path). Here they are loaded by file path under names of
-their own, with the helper registered first: putting benchmarks/ on sys.path would let
-benchmarks/model_weights.py shadow plugins/modules/model_weights.py for the other tests.
+their own, with the helper registered first: putting lab/measure/ on sys.path would let
+lab/measure/model_weights.py shadow plugins/modules/model_weights.py for the other tests.
 """
 
 import importlib.util
@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-BENCH = ROOT / "benchmarks"
+BENCH = ROOT / "lab" / "measure"
 
 
 def _load(name: str, module: str):
@@ -225,7 +225,7 @@ def test_main_job_inventory_serves_what_rig_5090_serves():
     ["main_job", "model_weights", "vllm_runtime", "connection_cost", "sandbox_runtime", "gateway", "rollout"],
 )
 def test_each_benchmark_runs_as_a_script(name):
-    """``./rigops benchmark <name>`` finds the helper (only --help: no host)."""
+    """``./rigops measure <name>`` finds the helper (only --help: no host)."""
     proc = subprocess.run(
         [sys.executable, str(BENCH / f"{name}.py"), "--help"],
         cwd=ROOT,
@@ -512,7 +512,7 @@ def test_environment_sets_its_own_strategy():
     env = connection_cost.environment("mitogen", caller)
     assert env["ANSIBLE_STRATEGY"] == "mitogen_linear"
     assert env["ANSIBLE_STRATEGY_PLUGINS"] == str(ROOT / "strategy_plugins")
-    assert connection_cost.environment("ssh")["CONTAINERS_CONF"].endswith("sandbox/podman/containers.conf")
+    assert connection_cost.environment("ssh")["CONTAINERS_CONF"].endswith("lab/sandbox/podman/containers.conf")
 
 
 def test_the_mitogen_strategy_loads_from_the_project_folder():

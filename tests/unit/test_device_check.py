@@ -1,6 +1,6 @@
-"""tools/device_check.sh against the sandbox's nvidia-smi emulator, before a real device is lent.
+"""lab/device_check.sh against the sandbox's nvidia-smi emulator, before a real device is lent.
 
-The emulator (sandbox/driver_repo/nvidia-smi) answers as the driver of a simulated 8x RTX 5090
+The emulator (lab/sandbox/driver_repo/nvidia-smi) answers as the driver of a simulated 8x RTX 5090
 rig (NVIDIA_SIM_ROOT, booted with the driver loaded, as tests/unit/test_nvidia_sim.py does); a
 wrapper puts it on PATH as `nvidia-smi`. The script captures, parses, runs the modules through
 Ansible and renders and scores a GPU unit, and prints one line.
@@ -17,9 +17,9 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "tools" / "device_check.sh"
-HW = ROOT / "sandbox" / "hardware"
-SMI = ROOT / "sandbox" / "driver_repo" / "nvidia-smi"
+SCRIPT = ROOT / "lab" / "device_check.sh"
+HW = ROOT / "lab" / "sandbox" / "hardware"
+SMI = ROOT / "lab" / "sandbox" / "driver_repo" / "nvidia-smi"
 
 
 def sim_rig(root, profile):
@@ -51,7 +51,7 @@ def sim_rig(root, profile):
 
 
 def profile(name):
-    return yaml.safe_load((ROOT / "sandbox" / "profiles" / f"{name}.yaml").read_text())
+    return yaml.safe_load((ROOT / "lab" / "sandbox" / "profiles" / f"{name}.yaml").read_text())
 
 
 def device_check(tmp, rig_profile, path_extra=()):
@@ -119,7 +119,7 @@ def test_the_captures_are_fixtures_with_a_header(checked):
     ):
         head = (out / name).read_text().splitlines()
         assert head[0].startswith(f"# {command}") and head[1].startswith(f"# on {host} ("), name
-        assert re.search(r" at \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ by tools/device_check\.sh$", head[1]), name
+        assert re.search(r" at \d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ by lab/device_check\.sh$", head[1]), name
     assert (out / "query-gpu.csv").read_text().splitlines()[2].startswith("0, GPU-")
 
 

@@ -10,7 +10,7 @@ import pytest
 from ansible_collections.rigops.fleet.plugins.module_utils import fleet_cache_wheelhouse as fc
 
 ROOT = Path(__file__).resolve().parents[2]
-LOCK = (ROOT / "sandbox" / "wheelhouse" / "cpu.lock").read_text()
+LOCK = (ROOT / "lab" / "sandbox" / "wheelhouse" / "cpu.lock").read_text()
 
 
 def test_the_sandbox_lock_gives_one_project_per_pin_and_hashes_only():

@@ -195,14 +195,14 @@ def test_every_measured_figure_names_the_command_that_measured_it():
     assert set(fp.REQUIRED) <= set(inputs)
     for key, entry in inputs.items():
         command = entry["source"].split()
-        assert command[:3] == ["./rigops", "benchmark", command[2]], key
-        assert (ROOT / "benchmarks" / f"{command[2]}.py").is_file(), key
+        assert command[:3] == ["./rigops", "measure", command[2]], key
+        assert (ROOT / "lab" / "measure" / f"{command[2]}.py").is_file(), key
         assert entry["unit"], key
         if entry["value"] is not None:
             assert re.fullmatch(r"20\d\d-\d\d-\d\d", str(entry["measured"])), key
     for key in fp.REQUIRED:
         assert inputs[key]["value"] is not None, key
-    assert inputs["cache_pull"]["source"].startswith("./rigops benchmark model_weights --hosts 1,2,4,8 ")
+    assert inputs["cache_pull"]["source"].startswith("./rigops measure model_weights --hosts 1,2,4,8 ")
 
 
 def test_figures_read_from_the_inputs_file():
@@ -214,7 +214,7 @@ def test_figures_read_from_the_inputs_file():
 
 def test_a_figure_not_measured_yet_names_its_command(tmp_path):
     inputs = fp.load_inputs(write_inputs(tmp_path, rollout_canary_board={"value": None}))
-    with pytest.raises(fp.InputError, match=r"rollout_canary_board: not measured yet \(run ./rigops benchmark rollout"):
+    with pytest.raises(fp.InputError, match=r"rollout_canary_board: not measured yet \(run ./rigops measure rollout"):
         fp.measured(inputs, "ssh", 120)
 
 
@@ -236,7 +236,7 @@ def test_a_figure_without_its_source_is_refused(tmp_path):
 def test_main_stops_with_the_message_when_a_figure_is_missing(tmp_path, capsys):
     path = write_inputs(tmp_path, task_cost_ssh_1_host={"value": None})
     assert fp.main(["--inputs", str(path)]) == 2
-    assert "task_cost_ssh_1_host: not measured yet (run ./rigops benchmark connection_cost" in capsys.readouterr().err
+    assert "task_cost_ssh_1_host: not measured yet (run ./rigops measure connection_cost" in capsys.readouterr().err
 
 
 def test_an_unmeasured_cache_pull_is_said_not_invented(tmp_path, capsys):
@@ -244,7 +244,7 @@ def test_an_unmeasured_cache_pull_is_said_not_invented(tmp_path, capsys):
     assert fp.measured(fp.load_inputs(path), "ssh", 120).host_gbps is None
     assert fp.main(["--inputs", str(path), "--cache-gbps", "25"]) == 0
     out = capsys.readouterr().out
-    assert "cache pull: not measured yet (run ./rigops benchmark model_weights --hosts 1,2,4,8" in out
+    assert "cache pull: not measured yet (run ./rigops measure model_weights --hosts 1,2,4,8" in out
     assert "--cache-gbps 25 Gbit/s per cache (assumed)" in out
 
 
@@ -292,7 +292,7 @@ def test_the_outputs_carry_every_row_and_label_the_assumptions(capsys):
     report = json.loads(capsys.readouterr().out)
     assert [r["devices"] for r in report["rows"]] == [10, 100, 1000]
     assert {"wall_s", "pull_s", "cpu_s", "peak_ssh", "memory_gb", "binds", "then"} <= set(report["rows"][0])
-    assert report["measured"]["task_cost_ssh_1_host"]["source"].startswith("./rigops benchmark connection_cost")
+    assert report["measured"]["task_cost_ssh_1_host"]["source"].startswith("./rigops measure connection_cost")
 
     assert fp.main(["--markdown", "--devices", "10,1000"]) == 0
     md = capsys.readouterr().out

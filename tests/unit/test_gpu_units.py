@@ -1,7 +1,7 @@
 """The vllm_service units of the GPU flavours: each instance opens only its own GPUs.
 
 The role's own preflight, variables and templates render, through ansible-playbook on the
-controller (tools/render_units.yml), the unit, the drop-ins and config.toml of three hosts into
+controller (lab/render_units.yml), the unit, the drop-ins and config.toml of three hosts into
 a scratch folder: a cuda rig whose instance `chat` owns GPUs 4-7 (minor numbers read by the real
 nvidia_gpu_facts module from an nvidia-smi -q -x built on a real A100 capture, the minors in
 another order than the indices), a Jetson board and a cpu box. systemd-analyze then verifies the
@@ -115,7 +115,7 @@ def rendered(tmp_path_factory):
         }
     }
     (tmp / "inventory.yml").write_text(yaml.safe_dump(inventory))
-    proc = ansible_playbook("-i", tmp / "inventory.yml", ROOT / "tools" / "render_units.yml")
+    proc = ansible_playbook("-i", tmp / "inventory.yml", ROOT / "lab" / "render_units.yml")
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     return {flavour: tmp / flavour for flavour in HOSTS}
 
@@ -197,7 +197,7 @@ def test_a_timer_slack_is_set_only_where_asked(rendered):
 def test_a_timer_slack_out_of_range_is_refused_by_name(tmp_path, slack):
     proc = ansible_playbook(
         *LOCALHOST, "-e", f"rigops_render_root={tmp_path}", "-e", f"vllm_service_timer_slack_nsec={slack}",
-        ROOT / "tools" / "render_units.yml",
+        ROOT / "lab" / "render_units.yml",
     )  # fmt: skip
     assert proc.returncode != 0
     assert "vllm_service_timer_slack_nsec" in proc.stdout, proc.stdout[-3000:]

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "sandbox" / "hub"))
+sys.path.insert(0, str(ROOT / "lab" / "sandbox" / "hub"))
 
 import hub  # noqa: E402
 

@@ -32,7 +32,7 @@ from ansible_collections.rigops.fleet.plugins.module_utils.jetson_platform impor
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures" / "jetson"
-HW = ROOT / "sandbox" / "hardware"
+HW = ROOT / "lab" / "sandbox" / "hardware"
 ROLE = ROOT / "roles" / "jetson_platform"
 BOARDS = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())["jetson_platform__boards"]
 MODES = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())["jetson_platform_power_modes"]
@@ -306,7 +306,7 @@ def board(tmp_path, monkeypatch):
         root = tmp_path / profile
         (root / "etc" / "nvidia-sim").mkdir(parents=True)
         (root / "etc" / "nvidia-sim" / "profile.yaml").write_text(
-            (ROOT / "sandbox" / "profiles" / f"{profile}.yaml").read_text()
+            (ROOT / "lab" / "sandbox" / "profiles" / f"{profile}.yaml").read_text()
         )
         monkeypatch.setenv("NVIDIA_SIM_ROOT", str(root))
         monkeypatch.setenv("NVIDIA_SIM_KERNEL_RELEASE", "6.1.0-test")

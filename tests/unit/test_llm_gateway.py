@@ -954,14 +954,14 @@ def test_the_config_sets_tool(tmp_path):
     assert tool("bogus").returncode == 2
 
 
-# --------------------------------------------------------------------------- benchmarks/gateway.py (no host)
+# --------------------------------------------------------------------------- lab/measure/gateway.py (no host)
 
 
 def _bench():
-    """benchmarks/gateway.py and its helper, registered like tests/unit/test_benchmarks.py does."""
+    """lab/measure/gateway.py and its helper, registered like tests/unit/test_benchmarks.py does."""
     for name, module in (("_sandbox", "_sandbox"), ("gateway", "bench_gateway")):
         if module not in sys.modules:
-            spec = importlib.util.spec_from_file_location(module, ROOT / "benchmarks" / f"{name}.py")
+            spec = importlib.util.spec_from_file_location(module, ROOT / "lab" / "measure" / f"{name}.py")
             sys.modules[module] = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(sys.modules[module])
     return sys.modules["bench_gateway"]
@@ -990,7 +990,7 @@ def test_benchmark_ratios_table_and_arguments():
     for path in [*ROOT.glob("molecule/*/molecule.yml"), ROOT / "inventories" / "sandbox" / "hosts.yml"]:
         used |= {int(p) for p in re.findall(r"(?:port|ansible_port):\s*(\d+)", path.read_text())}
     assert bench.HOST[2] not in used | set(range(2381, 2389)) | set(range(2391, 2395)) | {2355, 2356, 2357, 2358}
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gateway.py"), "--help"], capture_output=True,
+    proc = subprocess.run([sys.executable, str(ROOT / "lab" / "measure" / "gateway.py"), "--help"], capture_output=True,
                           text=True, check=False)  # fmt: skip
     assert proc.returncode == 0 and proc.stdout.startswith("usage:")
 

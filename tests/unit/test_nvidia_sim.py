@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-SANDBOX = ROOT / "sandbox"
+SANDBOX = ROOT / "lab" / "sandbox"
 HW = SANDBOX / "hardware"
 SMI = SANDBOX / "driver_repo" / "nvidia-smi"
 PERSISTENCED = SANDBOX / "driver_repo" / "nvidia-persistenced"

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-BUILD = ROOT / "sandbox" / "driver_repo" / "build_repo.py"
-HW = ROOT / "sandbox" / "hardware"
-PROFILES = ROOT / "sandbox" / "profiles"
+BUILD = ROOT / "lab" / "sandbox" / "driver_repo" / "build_repo.py"
+HW = ROOT / "lab" / "sandbox" / "hardware"
+PROFILES = ROOT / "lab" / "sandbox" / "profiles"
 UV = {"590": "590.48.01-0ubuntu0.24.04.1", "595": "595.45.04-0ubuntu0.24.04.1"}
 CV = {"590": "590.48.01-1", "595": "595.45.04-1"}
 

@@ -45,9 +45,9 @@ def test_production_tool_does_not_touch_system_packages(tmp_path):
     assert not calls.exists(), f"a production command called: {calls.read_text() if calls.exists() else ''}"
 
 
-def test_benchmark_without_a_known_name_lists_them(tmp_path):
+def test_measure_without_a_known_name_lists_them(tmp_path):
     env, _ = _stub_path(tmp_path)
-    proc = run(["benchmark", "nope"], env)
+    proc = run(["measure", "nope"], env)
     assert proc.returncode == 2
     assert "main_job" in proc.stderr
 

@@ -1,4 +1,4 @@
-"""sandbox/fleet.py's pieces that need no podman: what a removed host wrote, set aside for deletion."""
+"""lab/sandbox/fleet.py's pieces that need no podman: what a removed host wrote, set aside for deletion."""
 
 import errno
 import sys
@@ -6,7 +6,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "sandbox"))
+sys.path.insert(0, str(ROOT / "lab" / "sandbox"))
 import fleet  # noqa: E402
 
 

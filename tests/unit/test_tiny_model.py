@@ -1,6 +1,6 @@
 """The tiny model generator: determinism, shard index, Llama shapes, tokenizer, chat template.
 
-Needs numpy, safetensors and tokenizers (sandbox/model/requirements.txt, in requirements-dev.txt).
+Needs numpy, safetensors and tokenizers (lab/sandbox/model/requirements.txt, in requirements-dev.txt).
 That transformers (and vLLM) load it is proven with the runtime's own torch and transformers in
 tests/integration/test_sandbox_runtime.py.
 """
@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPT = ROOT / "sandbox" / "model" / "make_tiny_model.py"
+SCRIPT = ROOT / "lab" / "sandbox" / "model" / "make_tiny_model.py"
 sys.path.insert(0, str(SCRIPT.parent))
 
 import make_tiny_model as tm  # noqa: E402

@@ -7,7 +7,7 @@ on rtx5090x8-p2p (a P2P-enabled driver on the same box), h100 on h100x8.
 
 The module's arguments are built the way roles/gpu_topology/tasks/main.yml builds them:
 role defaults, then the example's group_vars (all, gpu-rigs, the rig's group). Only what
-points at the simulated host changes: the nvidia-smi binary (sandbox/driver_repo/nvidia-smi,
+points at the simulated host changes: the nvidia-smi binary (lab/sandbox/driver_repo/nvidia-smi,
 which the module runs itself), sysfs (the scratch root's, as inventories/sandbox does),
 the environment files under the scratch root, and lspci -vvv captured from the
 simulation's lspci (the module would otherwise run the test machine's own lspci).
@@ -29,9 +29,9 @@ from ansible_collections.rigops.fleet.plugins.modules import gpu_topology as gpu
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "inventories" / "example"
 ROLE = ROOT / "roles" / "gpu_topology"
-HW = ROOT / "sandbox" / "hardware"
-SMI = ROOT / "sandbox" / "driver_repo" / "nvidia-smi"
-PROFILES = ROOT / "sandbox" / "profiles"
+HW = ROOT / "lab" / "sandbox" / "hardware"
+SMI = ROOT / "lab" / "sandbox" / "driver_repo" / "nvidia-smi"
+PROFILES = ROOT / "lab" / "sandbox" / "profiles"
 KREL = "6.1.0-nvsim-test"
 ACS_REDIRECT = "SrcValid+ TransBlk- ReqRedir+ CmpltRedir+ UpstreamFwd+ EgressCtrl- DirectTrans-"
 

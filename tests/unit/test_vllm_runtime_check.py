@@ -25,7 +25,7 @@ from ansible_collections.rigops.fleet.plugins.module_utils.vllm_runtime_check im
 
 ROOT = Path(__file__).resolve().parents[2]
 MATRIX = yaml.safe_load((ROOT / "roles" / "vllm_runtime" / "vars" / "matrix.yml").read_text())["vllm_runtime__matrix"]
-CPU_LOCK = (ROOT / "sandbox" / "wheelhouse" / "cpu.lock").read_text()
+CPU_LOCK = (ROOT / "lab" / "sandbox" / "wheelhouse" / "cpu.lock").read_text()
 WHEELS = ROOT / "tests" / "fixtures" / "wheels"
 VLLM_011 = WHEELS / "pypi" / "vllm-0.11.0-cp38-abi3-manylinux1_x86_64.whl"
 VLLM_020 = WHEELS / "pypi" / "vllm-0.20.0-cp38-abi3-manylinux_2_35_x86_64.whl"

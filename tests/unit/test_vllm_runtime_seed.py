@@ -16,7 +16,7 @@ from ansible_collections.rigops.fleet.plugins.module_utils import vllm_runtime_s
 from ansible_collections.rigops.fleet.plugins.modules import vllm_runtime_seed
 
 LOCK = """\
-# a lock in the shape sandbox/wheelhouse/build.py writes
+# a lock in the shape lab/sandbox/wheelhouse/build.py writes
 idna==3.10 \\
     --hash=sha256:946d195a0d259cbba61165e88e65941f16e9b36ea6ddb97f00452bae8b1287d3
 Torch==2.13.0+cpu --hash=sha256:0000

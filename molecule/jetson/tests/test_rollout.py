@@ -25,7 +25,7 @@ RUNTIME = "/opt/rigops/vllm"
 def lock_line(name):
     """The lock's entry for ``name`` as one requirement line: the lock plus a repeated entry is a new pin set
     (another release, the same wheels), as molecule/vllm_runtime's second release."""
-    lock = (ROOT / "sandbox" / "wheelhouse" / "cpu.lock").read_text()
+    lock = (ROOT / "lab" / "sandbox" / "wheelhouse" / "cpu.lock").read_text()
     m = re.search(rf"^({re.escape(name)}==\S+)\s*\\\s*\n\s*(--hash=sha256:[0-9a-f]{{64}})", lock, re.M)
     assert m, name
     return f"{m.group(1)} {m.group(2)}"

@@ -4,7 +4,7 @@ A scenario's ``tests/conftest.py`` says ``pytest_plugins = ["rigops_testinfra"]`
 take ``host`` (parametrized over the scenario's hosts, or the ones named in a module-level
 ``testinfra_hosts`` list of inventory names), ``profile`` (that host's hardware profile as a
 dict) and ``hostname``; ``get_host(name)`` gives any host of the scenario. Commands go over SSH
-as root (sandbox/fleet.py authorizes the sandbox's key for root as well as for the user Ansible
+as root (lab/sandbox/fleet.py authorizes the sandbox's key for root as well as for the user Ansible
 logs in as; the host key recorded at create), one multiplexed master connection per host: a
 command then costs a channel on that connection. Root, not the user and sudo: sudo would log
 every command line, keys in curl headers included, to the journal that the tests search for
@@ -99,7 +99,7 @@ def platform(hostname):
 
 @pytest.fixture(scope="module")
 def profile(platform):
-    return yaml.safe_load((ROOT / "sandbox" / "profiles" / f"{platform['profile']}.yaml").read_text())
+    return yaml.safe_load((ROOT / "lab" / "sandbox" / "profiles" / f"{platform['profile']}.yaml").read_text())
 
 
 def playbook_command(playbook, *args: str, strategy: str = "") -> tuple[list[str], dict[str, str]]:

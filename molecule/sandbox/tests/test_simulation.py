@@ -11,7 +11,7 @@ import pytest
 
 ROOT = os.environ["MOLECULE_PROJECT_DIRECTORY"]
 ansible.module_utils.__path__.append(os.path.join(ROOT, "module_utils"))
-sys.path.insert(0, os.path.join(ROOT, "sandbox"))
+sys.path.insert(0, os.path.join(ROOT, "lab", "sandbox"))
 import fleet  # noqa: E402 (podman as the sandbox runs it: a restart mounts the host as its start did)
 from ansible_collections.rigops.fleet.plugins.module_utils.nvidia_topology import parse_p2p_matrix, parse_topo_matrix  # noqa: E402
 

@@ -5,7 +5,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
-LOCK = (ROOT / "sandbox" / "wheelhouse" / "cpu.lock").read_text()
+LOCK = (ROOT / "lab" / "sandbox" / "wheelhouse" / "cpu.lock").read_text()
 BASE = "/opt/rigops/vllm"
 RELEASE = re.compile(rf"^{BASE}/releases/cpu-cpu-vllm0\.32\.0-torch2\.13\.0\+cpu-py3\.11-[0-9a-f]{{12}}$")
 
