@@ -312,7 +312,9 @@ def main() -> int:
     missing = sorted(set(args.scenario) - set(scenarios()))
     if missing:
         parser.error(f"unknown scenario(s) {', '.join(missing)}; choose from {', '.join(scenarios())}")
-    env = dict(os.environ, RIGOPS_INTEGRATION="1", PY_COLORS="0", ANSIBLE_FORCE_COLOR="0")
+    # RIGOPS_REQUIRE_TOOLS: a test that needs a tool fails when it is missing (tests/conftest.py): this
+    # run installed every tool first, so a missing one is a failure, never a skip.
+    env = dict(os.environ, RIGOPS_INTEGRATION="1", RIGOPS_REQUIRE_TOOLS="1", PY_COLORS="0", ANSIBLE_FORCE_COLOR="0")
     warm = caches_warm()
     budget = BUDGET_WARM_S if warm else BUDGET_FRESH_S
     run = Run(env, args.keep_going)

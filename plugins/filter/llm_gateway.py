@@ -136,7 +136,7 @@ def backends(hosts, hostvars, gateway, addresses=None):
             "problem": None,
         }
         try:
-            instances = _merged(hostvars, host)
+            instances = _instances_of(hostvars, host)
         except ValueError as exc:
             entry["problem"] = f"{host}: {exc}"
             out.append(entry)
@@ -216,7 +216,7 @@ def key_reads(backend_list, hostvars):
     return out
 
 
-def _merged(hostvars, host):
+def _instances_of(hostvars, host):
     """A rig's instances merged by the contract (plugins/module_utils/vllm_instances.py); ValueError
     with the contract's refusal when they cannot be merged (the main job's preflight refuses them first)."""
     return schema.merge(
@@ -226,7 +226,7 @@ def _merged(hostvars, host):
 
 def _given_keys(hostvars, host):
     try:
-        return schema.given_keys(_merged(hostvars, host))
+        return schema.given_keys(_instances_of(hostvars, host))
     except ValueError:
         return {}
 

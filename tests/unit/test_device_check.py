@@ -123,10 +123,9 @@ def test_the_captures_are_fixtures_with_a_header(checked):
     assert (out / "query-gpu.csv").read_text().splitlines()[2].startswith("0, GPU-")
 
 
+@pytest.mark.needs("systemd-analyze")
 def test_the_unit_for_gpu_0_allows_its_node_only(checked):
     _, out = checked
-    if not (out / "vllm@gpu0.devices.conf").exists():
-        pytest.skip("no ansible-playbook or systemd-analyze here")
     text = (out / "vllm@gpu0.devices.conf").read_text()
     assert [ln for ln in text.splitlines() if ln.startswith("DeviceAllow=/dev/char/195:")] == [
         "DeviceAllow=/dev/char/195:0 rwm",
@@ -171,9 +170,7 @@ def test_a_failing_driver_fails_the_check(tmp_path):
     assert "FAILED: nvidia-smi -q -x" in (tmp_path / "out" / "checks.log").read_text()
 
 
-@pytest.mark.skipif(
-    shutil.which("shellcheck") is None, reason="shellcheck is not installed (apt-get install shellcheck)"
-)
+@pytest.mark.needs("shellcheck")
 def test_the_script_is_shellcheck_clean():
     proc = subprocess.run(["shellcheck", str(SCRIPT)], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stdout

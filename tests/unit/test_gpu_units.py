@@ -29,7 +29,7 @@ A100 = REAL / "x01_telegraf_a100_sxm4_80gb_mig_v12.xml"
 FIX = Path(__file__).resolve().parent / "fixtures" / "vllm_service"
 LAUNCHER = ROOT / "roles" / "vllm_service" / "files" / "rigops-vllm-launch"
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
-needs_systemd = pytest.mark.skipif(SYSTEMD_ANALYZE is None, reason="systemd-analyze is not installed")
+needs_systemd = pytest.mark.needs("systemd-analyze")
 
 # 8 GPUs on the bus in this order (nvidia-smi's indices 0-7); the driver numbered their nodes otherwise.
 BUSES = ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")

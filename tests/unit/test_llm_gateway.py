@@ -10,7 +10,7 @@
   401/403/404, rate limits, streaming, the key swap, the paths never exposed, the JSON access log,
   the gate module, and the config sets' tool putting the last good set back after a failed gate.
 - The whole role on a systemd host (install, the unit, run, gate, rerun, check mode, a change that
-  fails its gate rolled back) is Molecule's: molecule/vllm_service/tests/test_gateway.py.
+  fails its gate rolled back) is Molecule's: molecule/vllm_service/tests/test_llm_gateway.py.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ NJS = Path("/usr/lib/nginx/modules/ngx_http_js_module.so")
 
 
 NO_NGINX = "nginx with njs not installed (apt-get install nginx libnginx-mod-http-js)"
-needs_nginx = pytest.mark.skipif(NGINX is None or not NJS.exists(), reason=NO_NGINX)
+needs_nginx = pytest.mark.needs("nginx with njs")
 
 KEYS = {
     "alpha": "alpha-upstream-key-0123456789abcdef0123456789",
@@ -608,7 +608,7 @@ class Gateway:
 def upstreams(tmp_path_factory):
     """The stand-in upstreams: three rig instances over HTTP, a hosted provider over HTTPS."""
     if NGINX is None or not NJS.exists():
-        pytest.skip(NO_NGINX)
+        pytest.fail(NO_NGINX)  # only tests marked needs("nginx with njs") use it: they were skipped or failed first
     certs = tmp_path_factory.mktemp("llm-gateway-upstreams")
     subprocess.run(
         ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",

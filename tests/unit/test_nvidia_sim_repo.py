@@ -22,10 +22,7 @@ PROFILES = ROOT / "lab" / "sandbox" / "profiles"
 UV = {"590": "590.48.01-0ubuntu0.24.04.1", "595": "595.45.04-0ubuntu0.24.04.1"}
 CV = {"590": "590.48.01-1", "595": "595.45.04-1"}
 
-pytestmark = pytest.mark.skipif(
-    not all(shutil.which(t) for t in ("dpkg-deb", "apt-ftparchive", "gpg", "gpgv", "apt-get")),
-    reason="needs dpkg-dev, apt-utils, gnupg",
-)
+pytestmark = pytest.mark.needs("dpkg-dev")
 
 
 @pytest.fixture(scope="module")

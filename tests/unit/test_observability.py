@@ -36,15 +36,10 @@ KEY = "sk-observability-test-key-that-must-never-appear-0123456789"
 
 
 PROMTOOL = os.environ.get("RIGOPS_PROMTOOL") or shutil.which("promtool")
-# RIGOPS_REQUIRE_PROMTOOL=1 (the project's own test run): a missing promtool fails instead of skipping
-needs_promtool = pytest.mark.skipif(
-    not PROMTOOL and os.environ.get("RIGOPS_REQUIRE_PROMTOOL") != "1",
-    reason="promtool not found: install the prometheus package (or set RIGOPS_PROMTOOL)",
-)
+needs_promtool = pytest.mark.needs("promtool")
 
 
 def promtool(*args: str, cwd=None, stdin=None) -> subprocess.CompletedProcess:
-    assert PROMTOOL, "promtool is required (RIGOPS_REQUIRE_PROMTOOL=1) but neither RIGOPS_PROMTOOL nor PATH has it"
     return subprocess.run(
         [PROMTOOL, *args], input=stdin, capture_output=True, text=True, check=False, cwd=cwd, timeout=120
     )

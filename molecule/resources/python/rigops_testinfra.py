@@ -185,3 +185,18 @@ def ansible_playbooks(runs: dict, workers: int = 4) -> dict:
     with ThreadPoolExecutor(max_workers=workers) as pool:
         futures = {key: pool.submit(ansible_playbook, *run) for key, run in runs.items()}
         return {key: future.result() for key, future in futures.items()}
+
+
+def installed_packages(host, *patterns: str) -> list[str]:
+    """The installed packages (dpkg status `ii`) matching the glob patterns, asked of dpkg itself.
+
+    dpkg-query exits 1 when a pattern matches nothing: that, and only that, counts as "none"; any other
+    failure (no dpkg-query, a broken database) fails the test instead of reading as "nothing installed".
+    """
+    quoted = " ".join("'" + p.replace("'", "") + "'" for p in patterns)
+    result = host.run(f"dpkg-query -W -f '${{db:Status-Abbrev}} ${{Package}}\\n' {quoted}")
+    misses = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.rc in (0, 1) and all("no packages found matching" in line for line in misses), (
+        f"dpkg-query failed (rc {result.rc}): {result.stderr.strip()}"
+    )
+    return [line.split()[1] for line in result.stdout.splitlines() if line.startswith("ii ")]

@@ -8,7 +8,7 @@ import shlex
 from pathlib import Path
 
 import pytest
-from rigops_testinfra import ansible_playbook
+from rigops_testinfra import ansible_playbook, installed_packages
 
 SCENARIO = Path(os.environ.get("MOLECULE_SCENARIO_DIRECTORY", Path(__file__).resolve().parent.parent))
 BASE = "http://127.0.0.1:8000/v1"
@@ -63,8 +63,7 @@ def test_the_swap_file_is_made_and_the_kernels_refusal_reported(host, report, ho
 
 
 def test_no_desktop_driver_and_the_board_as_l4t_left_it(host):
-    out = host.check_output("dpkg-query -W -f '${Package}\\n' 'nvidia-driver-*' 'nvidia-open' 2>/dev/null || true")
-    assert out.strip() == ""
+    assert installed_packages(host, "nvidia-driver-*", "nvidia-open") == []
     assert host.file("/etc/nv_tegra_release").is_file
     # the CPU-build instance sees it as /dev/null (vllm_service_masked_files; else vLLM's Jetson check
     # turns on its CUDA platform and the instance does not start), the host keeps it

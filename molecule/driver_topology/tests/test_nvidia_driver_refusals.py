@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from rigops_testinfra import ansible_playbook, recap
+from rigops_testinfra import ansible_playbook, installed_packages, recap
 
 SCENARIO = Path(os.environ.get("MOLECULE_SCENARIO_DIRECTORY", Path(__file__).resolve().parent.parent))
 testinfra_hosts = ["drv-nogpu", "drv-fresh", "drv-archive"]
@@ -19,7 +19,7 @@ def play(limit, *extra):
 
 
 def nvidia_packages(host):
-    return host.check_output("dpkg-query -W -f '${Package}\\n' 'nvidia-*' 'cuda-drivers' 2>/dev/null || true").split()
+    return installed_packages(host, "nvidia-*", "cuda-drivers")
 
 
 def test_no_gpu_is_refused_before_any_change(host, hostname):
