@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env python
 """The report of a bench run (playbooks/bench.yml): tables a person reads, plots, comparisons.
 
     commands/bench_report.py RUN_DIR [--compare EARLIER_RUN_DIR] [--reference [--references FILE]] [--no-plots]

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env python
 """Estimate a rollout's wall time and the controller's load for N devices (a plan, not a measurement).
 
     ./rigops python commands/fleet_plan.py [--devices 10,100,1000] [--forks N] [--batches 1,10%,50%,100%]
@@ -433,7 +433,7 @@ def format_text(rows: list[dict], lines: list[str]) -> str:
 
 
 def format_markdown(rows: list[dict], lines: list[str]) -> str:
-    out = ["| " + " | ".join(HEADERS) + " |", "|" + "|".join("---" for _ in HEADERS) + "|"]
+    out = ["| " + " | ".join(HEADERS) + " |", "|" + "|".join("---" for _header in HEADERS) + "|"]
     out += ["| " + " | ".join(cells(r)) + " |" for r in rows]
     out.append("")
     out += [f"- {r['devices']} devices: **{r['binds']}** binds{weights(r)}; then: {r['then']}" for r in rows]

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env python
 """Run a rolling change of what a fleet serves (playbooks/rollout.yml) and report it per host.
 
     ./rigops rollout [-i INVENTORY ...] [-l LIMIT] [-e VARS ...] [--batches 1,10%,50%,100%]
@@ -376,7 +376,7 @@ def extra_vars(args: argparse.Namespace, rollout_id: str) -> dict:
             out.update(json.loads(text))
         else:
             for pair in text.split():
-                key, _, value = pair.partition("=")
+                key, _sep, value = pair.partition("=")
                 out[key] = value
     if args.batches:
         out["rollout_batches"] = [int(b) if b.strip().isdigit() else b.strip() for b in args.batches.split(",")]
@@ -422,7 +422,7 @@ def run(args: argparse.Namespace, out=sys.stdout) -> int:
     rollout.finish(result.rc, result.status)
     display.close()
     report = rollout.report()
-    json_path, _ = write_report(report, args.report_dir / rollout_id)
+    json_path, _summary = write_report(report, args.report_dir / rollout_id)
     print(summary_table(report), file=out)
     print(f"Report: {json_path}", file=out)
     return report["exit_code"]
