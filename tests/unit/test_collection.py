@@ -16,7 +16,7 @@ from collection_build import ROOT, build, install, outside_env, run, tool
 # The artifact's top level: exactly these (a new folder in the checkout goes in, or into galaxy.yml's
 # build_ignore, by decision).
 TOP_LEVEL = {
-    "CHANGELOG.md", "FILES.json", "LICENSE", "MANIFEST.json", "README.md", "requirements.txt",
+    "CHANGELOG.md", "FILES.json", "LICENSE", "MANIFEST.json", "README.md", "bindep.txt", "requirements.txt",
     "requirements.yml", "commands", "docs", "inventories", "meta", "playbooks", "plugins", "roles",
 }  # fmt: skip
 # Folders of the checkout that ship whole (every file in them is in the artifact).
