@@ -8,8 +8,8 @@
     ./rigops test --keep-going         run the next steps after a failure
 
 Stages: image (sandbox host image, cached by recipe) first; then, side by side, lint
-(yamllint, ansible-lint profile production, ruff) and the lanes: unit (pytest tests/unit, in two
-steps: see UNIT_OTHER_LANE)
+(yamllint, ansible-lint profile production, ruff, and the collection's checks: COLLECTION_STEPS)
+and the lanes: unit (pytest tests/unit, in two steps: see UNIT_OTHER_LANE)
 and the sandbox stages: Molecule scenarios (each phase of Molecule's test sequence as read
 from .config/molecule/config.yml or the scenario's own molecule.yml is a step; its destroy is
 the command molecule/resources/destroy.yml runs, and the leading ones are one step before
@@ -62,6 +62,15 @@ LANES = [
 # ~70 s of unit tests that run the main job's plays on the example inventory: on 2026-12-01 lane 1
 # ended 138 s before lane 2 (reports/test-timings.json), and the CPU is busy only while both run.
 UNIT_OTHER_LANE = ["tests/unit/test_main_job.py"]
+# The collection's checks need no host: steps of the lint stage, left out of the unit steps. The artifact built,
+# installed into an empty folder and run from outside the checkout; ansible-test sanity on it (~1 min warm, ~2 on
+# a new machine: its virtualenvs come from PyPI into ~/.ansible/test); ansible-builder create of the execution
+# environment.
+COLLECTION_STEPS = {
+    "collection build+install": "tests/unit/test_collection.py",
+    "ansible-test sanity": "tests/unit/test_ansible_test_sanity.py",
+    "ansible-builder create": "tests/unit/test_execution_environment.py",
+}
 # Budget of the whole run on 2 cores (issue: the suite budget).
 BUDGET_WARM_S = 35 * 60
 BUDGET_FRESH_S = 50 * 60
@@ -193,12 +202,13 @@ def lint_steps(only: list[str]) -> list[Step]:
         Step("lint", "ansible-lint", ["ansible-lint", "--profile", "production"]),
         Step("lint", "ruff check", ["ruff", "check", "."]),
         Step("lint", "ruff format", ["ruff", "format", "--check", "."]),
+        *(Step("lint", name, [sys.executable, "-m", "pytest", "-q", test]) for name, test in COLLECTION_STEPS.items()),
     ]
 
 
 def unit_step(item: str, whole: bool) -> Step:
     """pytest of the unit tests: all of them (whole), the files of UNIT_OTHER_LANE ("unit-b") or the rest."""
-    cmd = [sys.executable, "-m", "pytest", "-q"]
+    cmd = [sys.executable, "-m", "pytest", "-q", *(f"--ignore={test}" for test in COLLECTION_STEPS.values())]
     env = dict(FAST_STRATEGY_ENV)
     if whole:
         return Step("unit", "pytest tests/unit", [*cmd, "tests/unit"], env=env)

@@ -4,7 +4,7 @@
     ./rigops measure rollout [--boards N] [--down] [--json]
     ./rigops measure rollout --report reports/rollout/<UTC time>/report.json
 
-From the runner's JSON report (tools/rollout.py): the rollout's wall time, each board's time
+From the runner's JSON report (commands/rollout.py): the rollout's wall time, each board's time
 (the sum of its steps: backup, stage, switch, restart, and rollback when there was one) and
 their sum. The sum is what one board after the other would take; wall/sum shows what the
 batches gave back (a canary alone, then the rest at once), and how much the batch with the
@@ -105,7 +105,7 @@ def measure(boards: int, workdir: Path) -> dict:
     if site.rc != 0:
         print(site.output[-4000:], file=sys.stderr)
         raise SystemExit("the Jetson job failed on the benchmark's boards; see above")
-    cmd = [sys.executable, str(sb.ROOT / "tools" / "rollout.py"), "--plain", "--batches", "1,100%"]
+    cmd = [sys.executable, str(sb.ROOT / "commands" / "rollout.py"), "--plain", "--batches", "1,100%"]
     for inv in inventories:
         cmd += ["-i", str(inv)]
     cmd += ["-e", json.dumps({"vllm_runtime_extra_requirements": [lock_line("idna")]})]

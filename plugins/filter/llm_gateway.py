@@ -487,7 +487,7 @@ def problems(spec):
         if len(set(targets)) != len(targets):
             out.append(f"{where}: lists a target twice")
         for ref in targets:
-            _, problem = _resolve(ref, served, remote_models, aliases, parked)
+            _resolved, problem = _resolve(ref, served, remote_models, aliases, parked)
             if problem:
                 out.append(f"{where}: {problem}")
     known = set(direct) | {n for n in aliases if isinstance(n, str)}
@@ -537,7 +537,7 @@ def table(spec):
                 )
             else:
                 remote = next(r for r in remotes if r.get("name") == ref)
-                (scheme, host, port, path), _ = _remote_parts(remote)
+                (scheme, host, port, path), _problem = _remote_parts(remote)
                 default_port = 443 if scheme == "https" else 80
                 upstreams.append(
                     {
@@ -592,7 +592,7 @@ def table(spec):
     for name, refs in aliases.items():
         targets = []
         for ref in refs:
-            resolved, _ = _resolve(ref, served, remote_models, aliases, parked)
+            resolved, _problem = _resolve(ref, served, remote_models, aliases, parked)
             for target in resolved or []:
                 if target not in targets:
                     targets.append(target)

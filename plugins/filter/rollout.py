@@ -9,7 +9,7 @@
   ``{"runtime": <release of current>, "instances": {name: {"runtime", "commit", "revision",
   "config"}}}`` (``config``: sha256[:12] of the file);
 - ``facts | rollout_result``: the host's result, the one fact the runner reads from the
-  event stream (tools/rollout.py): status, versions before and after, seconds per stage, gate
+  event stream (commands/rollout.py): status, versions before and after, seconds per stage, gate
   figures, rolled back or not, and why.
 
 Statuses: ``unchanged`` (nothing to do), ``updated`` (switched and gated), ``rolled_back`` (the new

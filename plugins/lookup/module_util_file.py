@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 DOCUMENTATION = r"""
 name: module_util_file
-author: rigops contributors
+author: rigops contributors (@rigops)
 short_description: Where one of this collection's module_utils files lies on the controller
 description:
   - Returns the path of a module_utils file of rigops.fleet that a host runs outside Ansible, so that a role

@@ -552,7 +552,7 @@ def check_nccl_env(ev, grp):
         )
     if ev["nccl_level_set"]:
         need = max([link_nccl_level(_link(ev, a, b)) for a, b in grp["pairs"]] or [0])
-        worst, _ = _worst_pair(ev, grp["pairs"])
+        worst, _unused = _worst_pair(ev, grp["pairs"])
         for path, value, lvl in ev["nccl_level_set"]:
             if lvl < need:
                 out.append(

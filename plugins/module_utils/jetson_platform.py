@@ -87,7 +87,7 @@ def _text(raw):
 
 def parse_device_tree_model(raw):
     """/proc/device-tree/model: a NUL-terminated string ('NVIDIA Jetson AGX Thor Developer Kit\\0')."""
-    return _text(raw).split("\0")[0].strip() or None
+    return _text(raw).split("\0", maxsplit=1)[0].strip() or None
 
 
 def split_compatible(raw):
@@ -448,7 +448,7 @@ def memory_budget(instances, os_reserve):
             shares.append([str(inst.get("name")), float(util)])
         except (TypeError, ValueError):
             continue
-    total = round(sum(s for _, s in shares), 4)
+    total = round(sum(s for _name, s in shares), 4)
     limit = round(1.0 - float(os_reserve), 4)
     fair = round(limit / len(shares), 2) if shares else limit
     return {"ok": total <= limit + 1e-9, "total": total, "limit": limit, "shares": shares, "fair_share": fair}

@@ -61,9 +61,9 @@ def probe(targets, timeout=3.0, connect=socket.create_connection):
 
 def split_hostport(server):
     if server.startswith("["):
-        host, _, port = server[1:].partition("]:")
+        host, _sep, port = server[1:].partition("]:")
         return host, int(port)
-    host, _, port = server.rpartition(":")
+    host, _sep, port = server.rpartition(":")
     return host, int(port)
 
 
@@ -147,7 +147,7 @@ def wait_config(client, config_id, timeout, interval=0.5, clock=time.monotonic, 
     last = "no answer"
     while True:
         try:
-            status, _, body = client("GET", "/healthz", timeout=5)
+            status, _headers, body = client("GET", "/healthz", timeout=5)
             data = _json(body)
             seen = data.get("config") if isinstance(data, dict) else None
             if status == 200 and (not config_id or seen == config_id):
@@ -193,14 +193,14 @@ def gate(
         return out
     try:
         for label, headers in (("without a key", {}), ("with a wrong key", {"Authorization": "Bearer not-a-key"})):
-            status, _, body = client("GET", "/v1/models", headers=headers)
+            status, _headers, body = client("GET", "/v1/models", headers=headers)
             if status != 401:
                 fail("key_not_required", f"GET /v1/models {label}: HTTP {status}, expected 401")
         for path in UNEXPOSED:
-            status, _, _ = client("GET", path, headers=auth)
+            status, _headers, _body = client("GET", path, headers=auth)
             if status != 404:
                 fail("exposed", f"GET {path} with a client key: HTTP {status}, expected 404 (never passed on)")
-        status, _, body = client("GET", "/v1/models", headers=auth)
+        status, _headers, body = client("GET", "/v1/models", headers=auth)
         data = _json(body)
         listed = [m.get("id") for m in data.get("data", []) if isinstance(m, dict)] if isinstance(data, dict) else []
         out["listed"] = listed
@@ -217,7 +217,7 @@ def gate(
                 continue
             payload = {"model": name, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens}
             t0 = clock()
-            status, _, body = client("POST", "/v1/chat/completions", headers=auth, body=payload)
+            status, _headers, body = client("POST", "/v1/chat/completions", headers=auth, body=payload)
             data = _json(body)
             if status != 200 or not isinstance(data, dict) or not data.get("choices"):
                 fail("chat", f"{name}: chat completion: HTTP {status}: {error_text(body)}")
@@ -231,7 +231,7 @@ def gate(
                 "stream": True,
             }
             t0 = clock()
-            status, _, lines = client("POST", "/v1/chat/completions", headers=auth, body=payload, stream=True)
+            status, _headers, lines = client("POST", "/v1/chat/completions", headers=auth, body=payload, stream=True)
             if status != 200:
                 fail("stream", f"{stream_name}: streamed chat: HTTP {status}: {error_text(lines)}")
             else:

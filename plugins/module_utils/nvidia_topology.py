@@ -154,7 +154,7 @@ def _is_topo_block(trailing, rows):
     if trailing:
         return True
     for rest in rows.values():
-        cells, _ = _read_cells(rest, 1, _LINK_CELL)
+        cells, _end = _read_cells(rest, 1, _LINK_CELL)
         first = rest.split()[0] if rest.split() else ""
         if cells and cells[0] != "X" or re.match(r"^(NV\d|NODE|SYS|PHB|PXB|PIX)", first):
             return True
@@ -189,7 +189,7 @@ def parse_topo_matrix(text):
     lines = _clean_lines(text)
     block = None
     for blk in _blocks(lines):
-        _, devices, trailing, rows, _order = blk
+        _title, devices, trailing, rows, _order = blk
         if rows and _is_topo_block(trailing, rows):
             block = blk
             break
@@ -276,13 +276,13 @@ def parse_p2p_matrix(text):
     """
     lines = _clean_lines(text)
     result = {"found": False, "gpus": [], "status": {}, "warnings": []}
-    for _, devices, trailing, rows, _order in _blocks(lines):
+    for _title, devices, trailing, rows, _order in _blocks(lines):
         if not rows or not _is_p2p_block(trailing, rows):
             continue
         gpus = [d for d in devices if re.match(r"^GPU\d+$", d)]
         matrix = {}
         for label, rest in rows.items():
-            cells, _ = _read_cells(rest, len(devices), _P2P_CELL)
+            cells, _end = _read_cells(rest, len(devices), _P2P_CELL)
             if len(cells) < len(devices):
                 result["warnings"].append(f"row {label}: read {len(cells)} of {len(devices)} cells")
             matrix[label] = _row(devices, cells)
@@ -428,7 +428,7 @@ def upstream_bridges(bdf, lspci=None, tree=None, sysfs_root=None, realpath=os.pa
         if ranges:
             # narrower range = closer to the device
             ranges.sort(key=lambda item: item[1]["subordinate"] - item[1]["secondary"])
-            return [d for d, _ in ranges]
+            return [d for d, _range in ranges]
     if tree:
         cur = tree.get(bdf)
         seen = set()

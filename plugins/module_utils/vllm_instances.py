@@ -540,7 +540,7 @@ def memory_overcommit(claims, limit):
                 per_gpu.setdefault(gpu, []).append((name, util))
     out = []
     for gpu in sorted(per_gpu):
-        total = round(sum(u for _, u in per_gpu[gpu]), 4)
+        total = round(sum(u for _name, u in per_gpu[gpu]), 4)
         if total > limit:
             out.append((gpu, total, per_gpu[gpu]))
     return out

@@ -158,7 +158,7 @@ def evaluate(flavour, build_name, build, host, instances=None, vllm_version=None
     if audit:
         # the build itself: vLLM's kernels and its torch pin against the build's torch
         where = f"{label} (vllm {vllm_version})"
-        rows, _ = judge_facts(audit, torch_version=str(build.get("torch")), torch_cuda=build.get("cuda"), where=where)
+        rows = judge_facts(audit, torch_version=str(build.get("torch")), torch_cuda=build.get("cuda"), where=where)[0]
         for row in rows:
             row["host_has"] = f"{label}: {row['host_has']}"
             row["variable"] = "vllm_runtime_build (another build; this matrix entry is incoherent: vars/matrix.yml)"
@@ -302,7 +302,7 @@ def audit_wheelhouse(build_label, build, wheelhouse, host):
     tag = _python_tag(host.get("python"))
     vllm_files = [f for f, p in names.get(dist, []) if p["version"] == str(version)]
     torch_files = [(f, p) for f, p in names.get("torch", []) if pin_matches(torch, p["version"])]
-    torch_files = [f for f, p in torch_files if tag and tag in p["python"].split(".")] or [f for f, _ in torch_files]
+    torch_files = [f for f, p in torch_files if tag and tag in p["python"].split(".")] or [f for f, _p in torch_files]
     rows = []
     if not vllm_files:
         rows.append(_row("wheelhouse", f"no {dist}=={version} wheel in {path}", f"{dist}=={version}", fix))

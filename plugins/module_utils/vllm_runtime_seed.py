@@ -113,7 +113,7 @@ def plan(old_venv, new_venv, pins):
     old_python, new_python = (os.path.basename(os.path.dirname(site)) for site in (old_site, new_site))
     if old_python != new_python:
         return [], [f"the venvs are made by different Pythons ({old_python} and {new_python})"]
-    present = {name for name, _, _ in installed(new_site)}
+    present = {name for name, _version, _folder in installed(new_site)}
     dists = [d for d in installed(old_site) if pins.get(d[0]) == d[1] and d[0] not in present]
     return dists, []
 

@@ -17,7 +17,7 @@ description:
     sizes only and change nothing.
   - Logic in plugins/module_utils/fleet_cache_wheelhouse.py.
 version_added: "0.1.0"
-author: rigops contributors
+author: rigops contributors (@rigops)
 options:
   lock:
     description: The hash-locked requirements file on the host (every line C(name==version --hash=sha256:...)).

@@ -27,7 +27,7 @@ description:
   - Can validate captured output (O(topo_file), O(p2p_file), O(lspci_file)) instead of running commands, for a
     support bundle.
 version_added: "0.1.0"
-author: rigops contributors
+author: rigops contributors (@rigops)
 options:
   expected_gpus:
     description: Number of GPUs the host must show. A different count is a C(gpu_missing) problem.
@@ -111,9 +111,11 @@ options:
     type: path
 attributes:
   check_mode:
+    description: Can run in check mode and report what it would change, without changing it.
     support: full
     details: Read-only; runs the same in check mode.
   diff_mode:
+    description: Returns what changed (or would change in check mode) in diff mode.
     support: none
 notes:
   - Bridges above a GPU are found from the C(Bus:) ranges in C(lspci -vvv), else from the C(lspci -tv) tree, else
@@ -121,7 +123,7 @@ notes:
   - The parsers live in the module_utils C(nvidia_topology), the policy in C(gpu_topology).
   - Commands run with C(LC_ALL=C).
 seealso:
-  - module: nvidia_gpu_facts
+  - module: rigops.fleet.nvidia_gpu_facts
 """
 
 EXAMPLES = r"""
@@ -400,7 +402,7 @@ def main():
     )
     module.run_command_environ_update = PARSE_ENV
     p = module.params
-    run = lambda argv: module.run_command(argv)  # noqa: E731
+    run = module.run_command
 
     for grp in p["groups"]:
         gpus = grp.get("gpus") if isinstance(grp, dict) else grp

@@ -14,9 +14,9 @@ description:
     C(/proc/meminfo) and C(/proc/swaps).
   - Publishes them as the C(jetson_platform) fact. A machine without any of the Jetson files gets
     C(is_jetson=false) and no failure.
-  - The paths are options because a container cannot fake C(/proc/device-tree): the sandbox reads a copy.
+  - "The paths are options because a container cannot fake C(/proc/device-tree): the sandbox reads a copy."
 version_added: "0.1.0"
-author: rigops contributors
+author: rigops contributors (@rigops)
 options:
   release_file:
     description: The L4T release file.
@@ -44,11 +44,14 @@ options:
     type: path
 attributes:
   check_mode:
+    description: Can run in check mode and report what it would change, without changing it.
     support: full
     details: Read-only; runs the same in check mode.
   diff_mode:
+    description: Returns what changed (or would change in check mode) in diff mode.
     support: none
   facts:
+    description: Returns an C(ansible_facts) dictionary that updates the host's facts.
     support: full
 notes:
   - The parsing is plugins/module_utils/jetson_platform.py, tested on real outputs (tests/fixtures/jetson/).

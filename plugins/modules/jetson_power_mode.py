@@ -19,7 +19,7 @@ description:
     mode is then confirmed after the boot by running the module again.
   - A mode applied live is confirmed with C(nvpmodel -q).
 version_added: "0.1.0"
-author: rigops contributors
+author: rigops contributors (@rigops)
 options:
   mode:
     description: The nvpmodel mode id (the role maps a mode's name to its id for the board).
@@ -42,9 +42,11 @@ options:
     default: /var/lib/nvpmodel/status
 attributes:
   check_mode:
+    description: Can run in check mode and report what it would change, without changing it.
     support: full
     details: Queries only; reports a change when the mode differs (whether it needs a reboot is not known then).
   diff_mode:
+    description: Returns what changed (or would change in check mode) in diff mode.
     support: none
 notes:
   - Real outputs of nvpmodel, and where they come from, are in tests/fixtures/jetson/ (SOURCES.md).

@@ -12,7 +12,7 @@ description:
     and parses the line.
   - Publishes the C(jetson_health) fact; read-only.
 version_added: "0.1.0"
-author: rigops contributors
+author: rigops contributors (@rigops)
 options:
   tegrastats_path:
     description: tegrastats; by default searched in E(PATH), /usr/bin and /usr/sbin.
@@ -27,11 +27,14 @@ options:
     default: 15
 attributes:
   check_mode:
+    description: Can run in check mode and report what it would change, without changing it.
     support: full
     details: Read-only; runs the same in check mode.
   diff_mode:
+    description: Returns what changed (or would change in check mode) in diff mode.
     support: none
   facts:
+    description: Returns an C(ansible_facts) dictionary that updates the host's facts.
     support: full
 notes:
   - Layouts differ between boards and JetPack releases (AGX Orin prints SWAP, EMC and GR3D loads; Thor on JetPack
@@ -68,49 +71,9 @@ ansible_facts:
                            "gpu_temp_c": 56.5, "max_temp_c": 56.906, "input_power_mw": 68862}}
 """
 
-import os
-import select
-import subprocess
-import time
-
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.rigops.fleet.plugins.module_utils.jetson_platform import health_summary, parse_tegrastats
-
-
-def first_line(argv, timeout):
-    """The first non-empty line the command prints, then the command is stopped. (line, error)."""
-    env = dict(os.environ, LC_ALL="C")
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, close_fds=True)
-    deadline = time.monotonic() + timeout
-    buf = b""
-    try:
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
-            if not ready:
-                break
-            chunk = proc.stdout.read1(4096) if hasattr(proc.stdout, "read1") else proc.stdout.readline()
-            if not chunk:
-                break
-            buf += chunk
-            lines = [ln for ln in buf.split(b"\n")[:-1] if ln.strip()]
-            if lines:
-                return lines[0].decode("utf-8", "replace"), None
-        err = b""
-        try:
-            proc.wait(timeout=2)  # it closed its output: it is exiting
-        except subprocess.TimeoutExpired:
-            pass
-        if proc.poll() is not None:
-            err = proc.stderr.read() or b""
-        return None, (err.decode("utf-8", "replace").strip() or f"no line within {timeout}s")
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+from ansible_collections.rigops.fleet.plugins.module_utils.jetson_tegrastats import first_line
 
 
 def main():

@@ -18,7 +18,7 @@ description:
   - The key is read from O(key_file) on the gateway host, never passed as an argument.
   - Every check runs; the module fails with all the findings. Read-only; runs in check mode.
 version_added: "0.1.0"
-author: rigops contributors
+author: rigops contributors (@rigops)
 options:
   port:
     description: The gateway's port on the host.
@@ -73,6 +73,7 @@ attributes:
     support: full
     description: Read-only; the same requests run in check mode.
   diff_mode:
+    description: Returns what changed (or would change in check mode) in diff mode.
     support: none
 """
 
@@ -137,7 +138,7 @@ def main():
             "config_id": {"type": "str", "default": ""},
             "names": {"type": "list", "elements": "dict", "required": True},
             "stream_name": {"type": "str", "default": ""},
-            "max_tokens": {"type": "int", "default": 1},
+            "max_tokens": {"type": "int", "default": 1, "no_log": False},  # a count, not a token
             "timeout": {"type": "int", "default": 60},
             "request_timeout": {"type": "int", "default": 120},
         },

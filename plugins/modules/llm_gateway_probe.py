@@ -13,7 +13,7 @@ description:
   - Read-only; nothing is sent over the connection. The role gates only the names with at least one reachable
     upstream, and names the others in its output.
 version_added: "0.1.0"
-author: rigops contributors
+author: rigops contributors (@rigops)
 options:
   targets:
     description: The upstreams, each C(ref) (rig/instance or remote:name) and C(server) (host:port, [v6]:port).
@@ -29,6 +29,7 @@ attributes:
     support: full
     description: Read-only; it runs in check mode too.
   diff_mode:
+    description: Returns what changed (or would change in check mode) in diff mode.
     support: none
 """
 

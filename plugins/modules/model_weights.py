@@ -33,7 +33,7 @@ description:
   - The logic lives in the module_utils C(model_weights) (staging I/O) and C(model_weights_plan) (plan, listings,
     checks, verification).
 version_added: "0.1.0"
-author: rigops contributors
+author: rigops contributors (@rigops)
 options:
   state:
     description: C(present) stages the model; C(checked) reports and changes nothing.

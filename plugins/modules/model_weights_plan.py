@@ -17,7 +17,7 @@ description:
     arguments on the host.
   - Runs on the controller's data only; changes nothing.
 version_added: "0.1.0"
-author: rigops contributors
+author: rigops contributors (@rigops)
 options:
   host:
     description: This host's inventory name.

@@ -19,7 +19,7 @@ description:
     (nvidia-smi exit code 9 or "couldn't communicate with the NVIDIA driver").
   - Can read captured output instead of running nvidia-smi (O(xml_file), O(query_file)), for support bundles.
 version_added: "0.1.0"
-author: rigops contributors
+author: rigops contributors (@rigops)
 options:
   nvidia_smi_path:
     description:
@@ -37,17 +37,20 @@ options:
     type: path
 attributes:
   check_mode:
+    description: Can run in check mode and report what it would change, without changing it.
     support: full
     details: Read-only; runs the same in check mode.
   diff_mode:
+    description: Returns what changed (or would change in check mode) in diff mode.
     support: none
   facts:
+    description: Returns an C(ansible_facts) dictionary that updates the host's facts.
     support: full
 notes:
   - The GPU C(index) is nvidia-smi's enumeration order. C(compute_capability) comes only from C(--query-gpu).
   - Commands run with C(LC_ALL=C).
 seealso:
-  - module: gpu_topology
+  - module: rigops.fleet.gpu_topology
 """
 
 EXAMPLES = r"""
@@ -154,7 +157,7 @@ def main():
                 sources["query"] = params["query_file"]
         else:
             binary = find_nvidia_smi(params["nvidia_smi_path"])
-            run = lambda argv: module.run_command(argv)  # noqa: E731
+            run = module.run_command
             xml_text = run_nvidia_smi(run, binary, XML_ARGS)
             sources["xml"] = "command"
             query_text = run_nvidia_smi(run, binary, QUERY_GPU_ARGS)

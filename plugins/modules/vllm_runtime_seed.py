@@ -16,7 +16,7 @@ description:
     judges the result. Nothing is seeded across Python versions, nor a distribution the new venv already has.
   - Logic in plugins/module_utils/vllm_runtime_seed.py.
 version_added: "0.1.0"
-author: rigops contributors
+author: rigops contributors (@rigops)
 options:
   src:
     description: The live release's venv.

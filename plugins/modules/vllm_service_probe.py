@@ -22,7 +22,7 @@ description:
     and units C(vllm@<name>.service) (loaded, enabled, or with a drop-in), with the port each config holds.
   - The key is never read.
 version_added: "0.1.0"
-author: rigops contributors
+author: rigops contributors (@rigops)
 options:
   configs:
     description: The instances' configs (vllm_config.build_configs; no secret in them).
@@ -250,7 +250,7 @@ def _systemctl_units(module):
         ["list-units", "--all", "--plain", "--no-legend", "--no-pager", "vllm@*.service"],
         ["list-unit-files", "--plain", "--no-legend", "--no-pager", "vllm@*.service"],
     ):
-        rc, out, _ = module.run_command([systemctl] + args, environ_update={"LC_ALL": "C"})
+        rc, out, _err = module.run_command([systemctl] + args, environ_update={"LC_ALL": "C"})
         if rc == 0:
             names += [line.split()[0] for line in out.splitlines() if line.split()]
     return names

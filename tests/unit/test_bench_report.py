@@ -1,4 +1,4 @@
-"""Bench: the report (tools/bench_report.py), the rig-side sampler and vllm bench serve wrapper
+"""Bench: the report (commands/bench_report.py), the rig-side sampler and vllm bench serve wrapper
 (roles/bench/files/rigops-bench), the role's filters, and playbooks/bench.yml's preflight.
 
 The runs under tests/fixtures/bench/ are real: playbooks/bench.yml against a local vLLM CPU server
@@ -31,7 +31,7 @@ FIX = ROOT / "tests" / "fixtures" / "bench"
 SCRIPT = ROOT / "roles" / "bench" / "files" / "rigops-bench"
 REFERENCES = ROOT / "roles" / "bench" / "files" / "references.yml"
 
-sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "commands"))
 import bench_report  # noqa: E402
 
 
@@ -262,7 +262,7 @@ def test_compare_with_a_failed_run_shows_no_ratio(run):
 def test_the_cli_writes_the_report_and_prints_it(run):
     d = run("run-after")
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "bench_report.py"), str(d), "--compare", str(FIX / "run-before")],
+        [sys.executable, str(ROOT / "commands" / "bench_report.py"), str(d), "--compare", str(FIX / "run-before")],
         capture_output=True, text=True, check=False, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -334,12 +334,12 @@ def test_published_figures_only_when_asked(run):
     assert "## Published figures" not in out["markdown"] and out["summary"]["references"] is None
     d = run("run-after")
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "bench_report.py"), str(d), "--no-plots", "--reference"],
+        [sys.executable, str(ROOT / "commands" / "bench_report.py"), str(d), "--no-plots", "--reference"],
         capture_output=True, text=True, check=False, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0 and "no published reference matches this hardware" in proc.stdout
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "tools" / "bench_report.py"), str(d), "--reference", "--references", "/nope"],
+        [sys.executable, str(ROOT / "commands" / "bench_report.py"), str(d), "--reference", "--references", "/nope"],
         capture_output=True, text=True, check=False, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 2 and "--references /nope: no such file" in proc.stderr

@@ -580,7 +580,7 @@ def test_connection_cost_table():
 
 def test_rollout_figures_from_a_runner_report(tmp_path, capsys):
     """The runner's report of a recorded rollout (tests/unit/fixtures/rollout/events-batches.jsonl)."""
-    sys.path.insert(0, str(ROOT / "tools"))
+    sys.path.insert(0, str(ROOT / "commands"))
     import rollout  # noqa: PLC0415
 
     state = rollout.Rollout("fixture", clock=iter(range(0, 10**6, 7)).__next__)

@@ -1,7 +1,7 @@
-"""tools/fleet_plan.py: the fleet planner's pure functions, its inputs file and its command line.
+"""commands/fleet_plan.py: the fleet planner's pure functions, its inputs file and its command line.
 
 The batches are checked against Ansible's own splitting of ``serial`` (PlaybookExecutor) and
-against how tools/rollout.py passes --batches to the playbook; the estimates use fixed figures
+against how commands/rollout.py passes --batches to the playbook; the estimates use fixed figures
 (``M``) so that a new measurement in docs/fleet-scale-inputs.yml does not move them.
 """
 
@@ -33,8 +33,8 @@ def _load(path: Path, name: str):
     return mod
 
 
-fp = _load(ROOT / "tools" / "fleet_plan.py", "rigops_fleet_plan")
-rollout = _load(ROOT / "tools" / "rollout.py", "rigops_rollout_for_fleet_plan")
+fp = _load(ROOT / "commands" / "fleet_plan.py", "rigops_fleet_plan")
+rollout = _load(ROOT / "commands" / "rollout.py", "rigops_rollout_for_fleet_plan")
 
 # the figures of docs/fleet-scale-inputs.yml on 2026-11-30, fixed here
 M = fp.Measured(task_s=0.394, board_s=57.42, outside_s=10.5, host_gbps=None)
@@ -308,9 +308,9 @@ def test_the_outputs_carry_every_row_and_label_the_assumptions(capsys):
 
 def test_the_tables_in_the_doc_are_the_tools_output(capsys):
     doc = (ROOT / "docs" / "fleet-scale.md").read_text()
-    commands = re.findall(r"```sh\n\./rigops python tools/fleet_plan\.py (.*)\n```\n\n", doc)
+    commands = re.findall(r"```sh\n\./rigops python commands/fleet_plan\.py (.*)\n```\n\n", doc)
     assert len(commands) == 2
     for command in commands:
         assert fp.main(shlex.split(command)) == 0
         output = capsys.readouterr().out
-        assert output in doc, f"docs/fleet-scale.md is stale: paste the output of tools/fleet_plan.py {command}"
+        assert output in doc, f"docs/fleet-scale.md is stale: paste the output of commands/fleet_plan.py {command}"

@@ -53,13 +53,13 @@ def test_measure_without_a_known_name_lists_them(tmp_path):
 
 
 def test_rollout_is_a_production_command(tmp_path):
-    """`./rigops rollout` runs tools/rollout.py with the production virtualenv (no sandbox packages)."""
+    """`./rigops rollout` runs commands/rollout.py with the production virtualenv (no sandbox packages)."""
     env, calls = _stub_path(tmp_path)
     proc = run(["help"], env)
-    assert "./rigops rollout [ARGS]" in proc.stdout and "tools/rollout.py" in proc.stdout
+    assert "./rigops rollout [ARGS]" in proc.stdout and "commands/rollout.py" in proc.stdout
     script = (ROOT / "rigops").read_text()
     case = script[script.index("  rollout)") : script.index(";;", script.index("  rollout)"))]
-    assert "production" in case and "development" not in case and "tools/rollout.py" in case
+    assert "production" in case and "development" not in case and "commands/rollout.py" in case
     assert not calls.exists()
 
 

@@ -1,6 +1,6 @@
-"""The rollout runner (tools/rollout.py): its state, report, table and exit code come from ansible-runner's
+"""The rollout runner (commands/rollout.py): its state, report, table and exit code come from ansible-runner's
 events only. The events in tests/unit/fixtures/rollout/ were recorded from a real ansible-runner run
-(tools/rollout.py --save-events) of a tiny rollout on four local hosts made of the rollout's own task
+(commands/rollout.py --save-events) of a tiny rollout on four local hosts made of the rollout's own task
 files (playbook.yml there); one test runs it again live."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "unit" / "fixtures" / "rollout"
-sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "commands"))
 
 import rollout  # noqa: E402
 
@@ -153,7 +153,7 @@ def test_displays():
 def test_a_live_run_through_ansible_runner(tmp_path, limit, statuses):
     """The recorded events are what ansible-runner gives today: the same run, live, reports the same."""
     cmd = [
-        sys.executable, str(ROOT / "tools" / "rollout.py"), "--plain",
+        sys.executable, str(ROOT / "commands" / "rollout.py"), "--plain",
         "--playbook", str(FIX / "playbook.yml"), "-i", str(FIX / "inventory.yml"),
         "-e", json.dumps({"fixture_root": str(tmp_path / "hosts")}), "--report-dir", str(tmp_path / "reports"),
         "--save-events", str(tmp_path / "events.jsonl"),

@@ -1,4 +1,4 @@
-"""Rolling changes across the three converged boards, through the runner (tools/rollout.py) and its
+"""Rolling changes across the three converged boards, through the runner (commands/rollout.py) and its
 ansible-runner event stream: a new runtime pin with a planted failure, a failed canary, a rerun.
 
 The planted failure is the sandbox inventory's (inventories/sandbox/group_vars/all/rollout.yml): a
@@ -42,7 +42,7 @@ def rollout(tmp_path, *args, faults=()):
     """Run the runner as a user would; its exit code, its output and its JSON report."""
     inventory = Path(os.environ["MOLECULE_INVENTORY_FILE"]).parent
     cmd = [
-        sys.executable, str(ROOT / "tools" / "rollout.py"), "--plain",
+        sys.executable, str(ROOT / "commands" / "rollout.py"), "--plain",
         "-i", str(inventory), "-i", str(ROOT / "inventories" / "sandbox" / "groups.yml"),
         "-e", json.dumps(dict(NEW_PIN, rollout_fault_hosts=list(faults))),
         "--report-dir", str(tmp_path), *args,

@@ -1,7 +1,7 @@
-#!/usr/bin/env python3
+#!/usr/bin/env python
 """The report of a bench run (playbooks/bench.yml): tables a person reads, plots, comparisons.
 
-    tools/bench_report.py RUN_DIR [--compare EARLIER_RUN_DIR] [--reference [--references FILE]] [--no-plots]
+    commands/bench_report.py RUN_DIR [--compare EARLIER_RUN_DIR] [--reference [--references FILE]] [--no-plots]
 
 RUN_DIR is a run's folder (reports/bench/<UTC time>/): per host ``host.json`` (hardware,
 runtime releases, the run's parameters) and per instance ``instance.json``, ``config.toml``,

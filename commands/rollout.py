@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/env python
 """Run a rolling change of what a fleet serves (playbooks/rollout.yml) and report it per host.
 
     ./rigops rollout [-i INVENTORY ...] [-l LIMIT] [-e VARS ...] [--batches 1,10%,50%,100%]
@@ -31,6 +31,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PLAYBOOK = ROOT / "playbooks" / "rollout.yml"
+CONFIG = ROOT / "ansible.cfg"
 OK = ("updated", "unchanged", "check")
 # the kinds of events Rollout.handle reads (and --save-events keeps)
 SAVED_EVENTS = (
@@ -356,7 +357,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batches", help="serial batches, the first one the canary: e.g. 1,10%%,50%%,100%%")
     parser.add_argument("--max-fail-percentage", type=int, help="stop after a batch where more hosts failed (0-99)")
     parser.add_argument("--check", action="store_true", help="a dry run (Ansible's check mode)")
-    parser.add_argument("--report-dir", type=Path, default=ROOT / "reports" / "rollout", help="default reports/rollout")
+    # reports/ of the current folder (./rigops runs from the checkout), not of ROOT: from an installed
+    # collection that is inside the collection
+    parser.add_argument("--report-dir", type=Path, default=Path("reports") / "rollout", help="default reports/rollout")
     parser.add_argument("--plain", action="store_true", help="one line per change even on a terminal")
     parser.add_argument("--save-events", type=Path, help="write the events it reads as JSON lines to this file")
     parser.add_argument("--playbook", type=Path, default=PLAYBOOK, help=argparse.SUPPRESS)
@@ -373,7 +376,7 @@ def extra_vars(args: argparse.Namespace, rollout_id: str) -> dict:
             out.update(json.loads(text))
         else:
             for pair in text.split():
-                key, _, value = pair.partition("=")
+                key, _sep, value = pair.partition("=")
                 out[key] = value
     if args.batches:
         out["rollout_batches"] = [int(b) if b.strip().isdigit() else b.strip() for b in args.batches.split(",")]
@@ -409,7 +412,8 @@ def run(args: argparse.Namespace, out=sys.stdout) -> int:
             limit=args.limit,
             extravars=extra_vars(args, rollout_id),
             cmdline="--check" if args.check else None,
-            envvars={"ANSIBLE_CONFIG": str(ROOT / "ansible.cfg"), "ANSIBLE_FORCE_COLOR": "0"},
+            # the checkout's ansible.cfg; an installed collection has none (the user's own applies)
+            envvars={"ANSIBLE_FORCE_COLOR": "0", **({"ANSIBLE_CONFIG": str(CONFIG)} if CONFIG.exists() else {})},
             event_handler=on_event,
             quiet=True,
         )
@@ -418,7 +422,7 @@ def run(args: argparse.Namespace, out=sys.stdout) -> int:
     rollout.finish(result.rc, result.status)
     display.close()
     report = rollout.report()
-    json_path, _ = write_report(report, args.report_dir / rollout_id)
+    json_path, _summary = write_report(report, args.report_dir / rollout_id)
     print(summary_table(report), file=out)
     print(f"Report: {json_path}", file=out)
     return report["exit_code"]

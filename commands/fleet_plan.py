@@ -1,7 +1,7 @@
-#!/usr/bin/env python3
+#!/usr/bin/env python
 """Estimate a rollout's wall time and the controller's load for N devices (a plan, not a measurement).
 
-    ./rigops python tools/fleet_plan.py [--devices 10,100,1000] [--forks N] [--batches 1,10%,50%,100%]
+    ./rigops python commands/fleet_plan.py [--devices 10,100,1000] [--forks N] [--batches 1,10%,50%,100%]
         [--connection ssh|mitogen] [--model-gb GB] [--cache-gbps GBIT] [--caches-per-site N] [--sites N]
         [--tasks-per-host N] [--cpu-per-task S] [--mem-per-fork MB] [--controller-cores N]
         [--controller-memory-gb GB] [--inputs PATH] [--json | --markdown]
@@ -10,7 +10,7 @@ Measured figures come from the inputs file (docs/fleet-scale-inputs.yml: value, 
 that measured it, its date); everything else is an option, printed as "assumed". The model, for
 playbooks/rollout.yml under Ansible's linear strategy (docs/fleet-scale.md):
 
-- batches: the devices split as Ansible splits `serial` (--batches, as tools/rollout.py takes it);
+- batches: the devices split as Ansible splits `serial` (--batches, as commands/rollout.py takes it);
 - a board's step: its own work (the measured canary's time less its tasks' SSH cost) + tasks x the
   connection's cost per task + its model pull; a batch runs in waves of --forks boards;
 - model pull: the boards pulling at once share their site's caches (--caches-per-site x
@@ -135,7 +135,7 @@ class Measured:
 
 
 def parse_batches(text: str) -> list[int | str]:
-    """--batches as tools/rollout.py passes it to the playbook (``1,10%,100%`` -> [1, '10%', '100%']), checked."""
+    """--batches as commands/rollout.py passes it to the playbook (``1,10%,100%`` -> [1, '10%', '100%']), checked."""
     serial = [int(b) if b.strip().isdigit() else b.strip() for b in text.split(",")]
     for entry in serial:
         if isinstance(entry, int):
@@ -433,7 +433,7 @@ def format_text(rows: list[dict], lines: list[str]) -> str:
 
 
 def format_markdown(rows: list[dict], lines: list[str]) -> str:
-    out = ["| " + " | ".join(HEADERS) + " |", "|" + "|".join("---" for _ in HEADERS) + "|"]
+    out = ["| " + " | ".join(HEADERS) + " |", "|" + "|".join("---" for _header in HEADERS) + "|"]
     out += ["| " + " | ".join(cells(r)) + " |" for r in rows]
     out.append("")
     out += [f"- {r['devices']} devices: **{r['binds']}** binds{weights(r)}; then: {r['then']}" for r in rows]
