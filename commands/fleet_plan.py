@@ -6,8 +6,8 @@
         [--tasks-per-host N] [--cpu-per-task S] [--mem-per-fork MB] [--controller-cores N]
         [--controller-memory-gb GB] [--inputs PATH] [--json | --markdown]
 
-Measured figures come from the inputs file (docs/fleet-scale-inputs.yml: value, unit, the command
-that measured it, its date); everything else is an option, printed as "assumed". The model, for
+Measured figures come from the project's measurements (docs/measurements.yml: value, unit, the
+command that measured it, its date); everything else is an option, printed as "assumed". The model, for
 playbooks/rollout.yml under Ansible's linear strategy (docs/fleet-scale.md):
 
 - batches: the devices split as Ansible splits `serial` (--batches, as commands/rollout.py takes it);
@@ -36,12 +36,12 @@ from pathlib import Path
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-INPUTS = ROOT / "docs" / "fleet-scale-inputs.yml"
+INPUTS = ROOT / "docs" / "measurements.yml"
 ANSIBLE_CFG = ROOT / "ansible.cfg"
 SERIAL = (1, "10%", "50%", "100%")  # playbooks/rollout.yml's default rollout_batches
 BATCHES = ",".join(str(b) for b in SERIAL)
 CONNECTIONS = ("ssh", "mitogen")
-FIELDS = ("value", "unit", "source", "measured")
+FIELDS = ("value", "unit", "command", "date")
 # the measured figures the estimate needs, and the benchmark that measures each
 REQUIRED = {
     "task_cost_ssh_1_host": "lab/measure/connection_cost.py",
@@ -173,7 +173,7 @@ def split_batches(devices: int, serial: list[int | str] | tuple) -> list[int]:
 
 
 def load_inputs(path: Path) -> dict[str, dict]:
-    """The measured figures of an inputs file, each checked to have value, unit, source and measured."""
+    """The measured figures of an inputs file, each checked to have value, unit, command and date."""
     try:
         data = yaml.safe_load(Path(path).read_text())
     except (OSError, yaml.YAMLError) as exc:
@@ -183,9 +183,9 @@ def load_inputs(path: Path) -> dict[str, dict]:
     for key, entry in data.items():
         missing = [f for f in FIELDS if not isinstance(entry, dict) or f not in entry]
         if missing:
-            raise InputError(f"{path}: {key}: needs value, unit, source and measured (missing: {', '.join(missing)})")
-        if not isinstance(entry["source"], str) or not entry["source"].strip():
-            raise InputError(f"{path}: {key}: source must be the command that measured it")
+            raise InputError(f"{path}: {key}: needs value, unit, command and date (missing: {', '.join(missing)})")
+        if not isinstance(entry["command"], str) or not entry["command"].strip():
+            raise InputError(f"{path}: {key}: command must be the command that measured it")
         value = entry["value"]
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float) or value < 0):
             raise InputError(f"{path}: {key}: value must be a number >= 0 or null (got {value!r})")
@@ -198,7 +198,7 @@ def figure(inputs: dict[str, dict], key: str) -> float:
         where = REQUIRED.get(key, "a benchmark")
         raise InputError(f"{key}: missing from the inputs file (measure it with {where}; see docs/fleet-scale.md)")
     if inputs[key]["value"] is None:
-        raise InputError(f"{key}: not measured yet (run {inputs[key]['source']})")
+        raise InputError(f"{key}: not measured yet (run {inputs[key]['command']})")
     return float(inputs[key]["value"])
 
 
@@ -212,14 +212,19 @@ def cache_pull(inputs: dict[str, dict]) -> float | None:
     return float(entry["value"])
 
 
+def _what(entry: dict) -> str:
+    """What a figure is, when the measurements file says (its `what`)."""
+    return f" ({entry['what']})" if entry.get("what") else ""
+
+
 def cache_pull_note(inputs: dict[str, dict]) -> str:
     """What the estimate knows about one board's pull from a cache."""
     entry = inputs.get(CACHE_PULL)
     if not entry:
         return f"cache pull: not in the inputs file (add {CACHE_PULL}: measured with lab/measure/model_weights.py)"
     if entry["value"] is None:
-        return f"cache pull: not measured yet (run {entry['source']})"
-    return f"cache pull: {entry['value']} {entry['unit']} [{entry['source']}, {entry['measured']}]"
+        return f"cache pull: not measured yet (run {entry['command']})"
+    return f"cache pull: {entry['value']} {entry['unit']}{_what(entry)} [{entry['command']}, {entry['date']}]"
 
 
 def measured(inputs: dict[str, dict], connection: str, tasks_per_host: int) -> Measured:
@@ -381,7 +386,7 @@ def notes(plan: Plan, m: Measured, inputs: dict[str, dict], inputs_path: Path) -
     lines = [f"measured ({shown}):"]
     for key in dict.fromkeys(used):
         e = inputs[key]
-        lines.append(f"  {key} = {e['value']} {e['unit']} [{e['source']}, {e['measured']}]")
+        lines.append(f"  {key} = {e['value']} {e['unit']}{_what(e)} [{e['command']}, {e['date']}]")
     lines.append(
         f"  derived: a board's own work {m.board_s:.1f} s (canary less tasks x SSH cost), the rollout's time "
         f"outside its batches {m.outside_s:.1f} s (wall less canary less batch 2's slowest)"
@@ -494,7 +499,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--mem-per-fork", type=_number(0, True), default=MEM_PER_FORK_MB, help="assumed MB per fork (default 100)")
     add("--controller-cores", type=_number(0, True), default=CONTROLLER_CORES, help="assumed (default 8)")
     add("--controller-memory-gb", type=_number(0, True), default=CONTROLLER_MEMORY_GB, help="assumed (default 16)")
-    add("--inputs", type=Path, default=INPUTS, help="measured figures (default docs/fleet-scale-inputs.yml)")
+    add("--inputs", type=Path, default=INPUTS, help="measured figures (default docs/measurements.yml)")
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="machine-readable output")
     output.add_argument("--markdown", action="store_true", help="a README-ready table")
@@ -537,9 +542,7 @@ def main(argv: list[str] | None = None, out=None) -> int:
     if args.json:
         report = {
             "rows": rows,
-            "measured": {
-                k: {**v, "measured": str(v["measured"]) if v["measured"] else None} for k, v in inputs.items()
-            },
+            "measured": {k: {**v, "date": str(v["date"]) if v["date"] else None} for k, v in inputs.items()},
             "derived": asdict(m),
             "cache_pull": cache_pull_note(inputs),
             "plan": {k: v for k, v in asdict(plans[0]).items() if k != "devices"},

@@ -24,7 +24,7 @@ With the fleet_cache path it then measures what one host's pull from the cache c
 host's store, pulled by the role's own code on the hosts (``model_staging.cache_pull``, then the
 sha256 check ``model_weights.verify_files`` runs, both run by the host's python from a copy of
 Ansible's module_utils and the project's), first by one host, then by N at once for each fleet
-size. Its figure for one host is ``cache_pull`` in docs/fleet-scale-inputs.yml: the code's rate on
+size. Its figure for one host is ``cache_pull`` in docs/measurements.yml: the code's rate on
 this machine's CPU over the podman network, where cache and hosts share 2 cores, not a LAN's.
 
 Hosts are sandbox containers of its own (``bench-mw1..8`` on SSH ports 2355-2358 and

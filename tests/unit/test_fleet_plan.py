@@ -2,7 +2,7 @@
 
 The batches are checked against Ansible's own splitting of ``serial`` (PlaybookExecutor) and
 against how commands/rollout.py passes --batches to the playbook; the estimates use fixed figures
-(``M``) so that a new measurement in docs/fleet-scale-inputs.yml does not move them.
+(``M``) so that a new measurement in docs/measurements.yml does not move them.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import yaml
 from ansible.executor.playbook_executor import PlaybookExecutor
 
 ROOT = Path(__file__).resolve().parents[2]
-INPUTS = ROOT / "docs" / "fleet-scale-inputs.yml"
+INPUTS = ROOT / "docs" / "measurements.yml"
 
 
 def _load(path: Path, name: str):
@@ -36,7 +36,7 @@ def _load(path: Path, name: str):
 fp = _load(ROOT / "commands" / "fleet_plan.py", "rigops_fleet_plan")
 rollout = _load(ROOT / "commands" / "rollout.py", "rigops_rollout_for_fleet_plan")
 
-# the figures of docs/fleet-scale-inputs.yml on 2026-11-30, fixed here
+# the figures of docs/measurements.yml on 2026-11-30, fixed here
 M = fp.Measured(task_s=0.394, board_s=57.42, outside_s=10.5, host_gbps=None)
 DEFAULT = (1, "10%", "50%", "100%")
 
@@ -193,16 +193,17 @@ def write_inputs(tmp_path: Path, **changes) -> Path:
 def test_every_measured_figure_names_the_command_that_measured_it():
     inputs = fp.load_inputs(INPUTS)
     assert set(fp.REQUIRED) <= set(inputs)
-    for key, entry in inputs.items():
-        command = entry["source"].split()
+    for key in [*fp.REQUIRED, fp.CACHE_PULL]:
+        entry = inputs[key]
+        command = entry["command"].split()
         assert command[:3] == ["./rigops", "measure", command[2]], key
         assert (ROOT / "lab" / "measure" / f"{command[2]}.py").is_file(), key
         assert entry["unit"], key
         if entry["value"] is not None:
-            assert re.fullmatch(r"20\d\d-\d\d-\d\d", str(entry["measured"])), key
+            assert re.fullmatch(r"20\d\d-\d\d-\d\d", str(entry["date"])), key
     for key in fp.REQUIRED:
         assert inputs[key]["value"] is not None, key
-    assert inputs["cache_pull"]["source"].startswith("./rigops measure model_weights --hosts 1,2,4,8 ")
+    assert inputs["cache_pull"]["command"].startswith("./rigops measure model_weights --hosts 1,2,4,8 ")
 
 
 def test_figures_read_from_the_inputs_file():
@@ -225,11 +226,11 @@ def test_a_missing_figure_is_named(tmp_path):
         fp.measured(inputs, "mitogen", 120)
 
 
-def test_a_figure_without_its_source_is_refused(tmp_path):
+def test_a_figure_without_its_command_is_refused(tmp_path):
     data = yaml.safe_load(INPUTS.read_text())
-    del data["rollout_wall"]["source"]
+    del data["rollout_wall"]["command"]
     (tmp_path / "bad.yml").write_text(yaml.safe_dump(data))
-    with pytest.raises(fp.InputError, match="rollout_wall: needs value, unit, source and measured"):
+    with pytest.raises(fp.InputError, match="rollout_wall: needs value, unit, command and date"):
         fp.load_inputs(tmp_path / "bad.yml")
 
 
@@ -240,7 +241,7 @@ def test_main_stops_with_the_message_when_a_figure_is_missing(tmp_path, capsys):
 
 
 def test_an_unmeasured_cache_pull_is_said_not_invented(tmp_path, capsys):
-    path = write_inputs(tmp_path, cache_pull={"value": None, "measured": None})
+    path = write_inputs(tmp_path, cache_pull={"value": None, "date": None})
     assert fp.measured(fp.load_inputs(path), "ssh", 120).host_gbps is None
     assert fp.main(["--inputs", str(path), "--cache-gbps", "25"]) == 0
     out = capsys.readouterr().out
@@ -249,7 +250,7 @@ def test_an_unmeasured_cache_pull_is_said_not_invented(tmp_path, capsys):
 
 
 def test_a_measured_cache_pull_is_used(tmp_path, capsys):
-    path = write_inputs(tmp_path, cache_pull={"value": 2.5, "measured": "2026-12-01"})
+    path = write_inputs(tmp_path, cache_pull={"value": 2.5, "date": "2026-12-01"})
     assert fp.measured(fp.load_inputs(path), "ssh", 120).host_gbps == 2.5
     assert fp.main(["--inputs", str(path), "--devices", "1"]) == 0
     assert "cache pull: 2.5 Gbit/s per host" in capsys.readouterr().out
@@ -292,7 +293,7 @@ def test_the_outputs_carry_every_row_and_label_the_assumptions(capsys):
     report = json.loads(capsys.readouterr().out)
     assert [r["devices"] for r in report["rows"]] == [10, 100, 1000]
     assert {"wall_s", "pull_s", "cpu_s", "peak_ssh", "memory_gb", "binds", "then"} <= set(report["rows"][0])
-    assert report["measured"]["task_cost_ssh_1_host"]["source"].startswith("./rigops measure connection_cost")
+    assert report["measured"]["task_cost_ssh_1_host"]["command"].startswith("./rigops measure connection_cost")
 
     assert fp.main(["--markdown", "--devices", "10,1000"]) == 0
     md = capsys.readouterr().out
