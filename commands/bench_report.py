@@ -23,6 +23,7 @@ fast one. vLLM's exit code is not used (it is 0 even when every request failed).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import sys
@@ -719,6 +720,11 @@ def build(run_dir: Path, compare: Path | None = None, references: Path | None = 
     run_dir = Path(run_dir)
     (run_dir / "report.md").write_text(text)
     files = ["report.md", "summary.json"]
+    if plots and importlib.util.find_spec("matplotlib") is None:
+        # the plots are optional: a production controller's requirements.txt leaves matplotlib out
+        print("bench report: no plots: matplotlib is not installed (pip install -r requirements-bench.txt)",
+              file=sys.stderr)  # fmt: skip
+        plots = False
     if plots:
         plot_ladder(run, before, "output_tok_s", "output tokens / s", "Throughput against concurrency",
                     run_dir / "throughput.png")  # fmt: skip

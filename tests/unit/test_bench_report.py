@@ -212,6 +212,19 @@ def test_the_table_per_instance_and_concurrency(run):
     assert (Path(out["summary"]["run"]).name, out["summary"]["files"][0]) == ("run-before", "report.md")
 
 
+def test_without_matplotlib_the_report_has_its_tables_and_says_why(run, monkeypatch, capsys):
+    """A production controller (requirements.txt) has no matplotlib: tables only, and the fix named."""
+    real = bench_report.importlib.util.find_spec
+    monkeypatch.setattr(
+        bench_report.importlib.util, "find_spec", lambda name, *a: None if name == "matplotlib" else real(name, *a)
+    )
+    d = run("run-after")
+    out = bench_report.build(d, compare=FIX / "run-before")
+    assert out["summary"]["files"] == ["report.md", "summary.json"] and not list(d.glob("*.png"))
+    assert "pip install -r requirements-bench.txt" in capsys.readouterr().err
+    assert "| concurrency |" in (d / "report.md").read_text()
+
+
 def test_plots_are_pngs_of_the_expected_size(run):
     d = run("run-after")
     out = bench_report.build(d, compare=FIX / "run-before")

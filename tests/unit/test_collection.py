@@ -17,7 +17,8 @@ from collection_build import ROOT, build, install, outside_env, run, tool
 # build_ignore, by decision).
 TOP_LEVEL = {
     "CHANGELOG.md", "FILES.json", "LICENSE", "MANIFEST.json", "README.md", "bindep.txt", "requirements.txt",
-    "requirements.yml", "commands", "docs", "inventories", "meta", "playbooks", "plugins", "roles",
+    "requirements-bench.txt", "requirements.yml", "commands", "docs", "inventories", "meta", "playbooks", "plugins",
+    "roles",
 }  # fmt: skip
 # Folders of the checkout that ship whole (every file in them is in the artifact).
 SHIPPED = ["plugins", "roles", "playbooks", "inventories", "docs", "meta", "commands"]

@@ -80,7 +80,8 @@ def test_the_virtualenv_is_built_once_per_requirements_in_the_cache(tmp_path):
         (project / "rigops").write_text((ROOT / "rigops").read_text())
         (project / "rigops").chmod(0o755)
         (project / "requirements.txt").write_text(requirements)
-        (project / "requirements-dev.txt").write_text("-r requirements.txt\n")
+        (project / "requirements-bench.txt").write_text("-r requirements.txt\n")
+        (project / "requirements-dev.txt").write_text("-r requirements-bench.txt\n")
         proc = subprocess.run(
             [str(project / "rigops"), "bootstrap"],
             check=False,
