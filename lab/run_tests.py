@@ -59,12 +59,12 @@ LANES = [
     ["sandbox", "driver_topology", "vllm_runtime", "jetson", "site", "unit-b"],
     ["model_weights", "fleet_cache", "vllm_service", "unit", "integration"],
 ]
-# ~70 s of unit tests that run the main job's plays on the example inventory: on 2026-12-01 lane 1
-# ended 138 s before lane 2 (reports/test-timings.json), and the CPU is busy only while both run.
+# The unit tests that run the main job's plays on the example inventory sit in lane 1, which
+# otherwise ends well before lane 2 (reports/test-timings.json): the CPU is busy only while both run.
 UNIT_OTHER_LANE = ["tests/unit/test_main_job.py"]
 # The collection's checks need no host: steps of the lint stage, left out of the unit steps. The artifact built,
-# installed into an empty folder and run from outside the checkout; ansible-test sanity on it (~1 min warm, ~2 on
-# a new machine: its virtualenvs come from PyPI into ~/.ansible/test); ansible-builder create of the execution
+# installed into an empty folder and run from outside the checkout; ansible-test sanity on it (slower on a new
+# machine: its virtualenvs come from PyPI into ~/.ansible/test); ansible-builder create of the execution
 # environment.
 COLLECTION_STEPS = {
     "collection build+install": "tests/unit/test_collection.py",

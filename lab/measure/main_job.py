@@ -94,7 +94,7 @@ def bare_rigs(size: int) -> list[dict]:
 
 RERUN_KEYS = ("seconds", "rc", "changed", "tasks", "cpu", "others")
 # Other processes' CPU during a rerun of the ratio, as a share of the rerun's own, above which the
-# ratio is flagged: it was measured on a busy machine (a ratio of 1.30 once, 1.97 idle, 2026-12-02).
+# ratio is flagged: it was measured on a busy machine, which moves it a long way.
 BUSY_SHARE = 0.1
 # the no-op reruns: result key, connection
 RERUNS = (("rerun", "SSH"), ("rerun_mitogen", "mitogen"))

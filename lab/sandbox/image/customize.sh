@@ -15,8 +15,8 @@ for unit in getty@.service console-getty.service serial-getty@.service \
 done
 
 # Host keys are made at a container's first boot, so every sandbox host has its own: one
-# ed25519 key, the one the sandbox records (`ssh-keygen -A` also made RSA 3072 and ECDSA keys:
-# ~0.9 CPU-s per boot, 16 per suite). sshd offers only that key (HostKey below).
+# ed25519 key, the one the sandbox records (`ssh-keygen -A` would also make RSA 3072 and ECDSA
+# keys, CPU spent at every boot for keys no one uses). sshd offers only that key (HostKey below).
 rm -f /etc/ssh/ssh_host_*
 cat > /etc/systemd/system/ssh-hostkeys.service <<'UNIT'
 [Unit]
