@@ -1,0 +1,144 @@
+"""Each role's variables are judged by its meta/argument_specs.yml, and its preflight keeps only what a spec
+cannot say.
+
+- rigops.fleet.argument_shapes: what Ansible's validation accepts only by converting it (a string for a list,
+  text for a mapping, a list or a number for a string, a null), refused by name.
+- The roles, through ansible-playbook on this machine: for every role bad values of variables its spec judges
+  (refused by Ansible's validation, the role's first task) and of rules its preflight keeps, each refused with
+  the variable's name before anything on the host changes. Each case is a host of its own (an alias of this
+  machine), one run per role, and only the role's preflight runs (its tag), read-only.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+import yaml
+from ansible_collections.rigops.fleet.plugins.lookup.argument_shapes import shape_problems
+from ansible_run import ansible_playbook
+
+ROOT = Path(__file__).resolve().parents[2]
+VALIDATION = "Validating arguments against arg spec 'main'"
+# A secret some cases give: never in the output.
+SECRET_VALUE = "Never-printed-k3y-0123456789abcdef"
+
+
+# --------------------------------------------------------------------------- argument_shapes
+
+OPTIONS = {
+    "names": {"type": "list", "elements": "str", "default": []},
+    "hosts": {"type": "list", "elements": "dict", "options": {
+        "name": {"type": "str", "required": True}, "key": {"type": "str", "no_log": True},
+        "note": {"type": "str"}}},
+    "env": {"type": "dict", "default": {}},
+    "label": {"type": "str", "default": ""},
+    "secret": {"type": "str", "default": "", "no_log": True},
+    "count": {"type": "int", "default": None},
+    "port": {"type": "int", "default": 80},
+    "flag": {"type": "bool", "default": False},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("given", "words"),
+    [
+        ({"names": "a,b"}, 'names must be a list such as [a, b], not the string "a,b" (Ansible\'s own check would'),
+        ({"names": None}, "names must be a list such as [a, b], not null (a key without a value in YAML; write []"),
+        ({"names": ["a", ["b"]]}, 'names[1] must be a string, not the list ["b"]'),
+        ({"env": "A=1"}, 'env must be a mapping such as {key: value}, not the string "A=1"'),
+        ({"label": 595}, 'label must be a string, not the number 595 (quote it: "595")'),
+        ({"label": ["x"]}, 'label must be a string, not the list ["x"]'),
+        ({"label": True}, 'label must be a string, not the boolean true (quote it: "true")'),
+        ({"port": None}, "port must be a whole number, not null"),
+        ({"hosts": ["a=b"]}, 'hosts[0] must be a mapping such as {key: value}, not the string "a=b"'),
+        ({"hosts": [{"name": None}]}, "hosts[0].name must be a string, not null (a key without a value in YAML)"),
+        ({"hosts": [{"name": "a", "note": 1}]}, "hosts[0].note must be a string, not the number 1"),
+    ],
+)
+def test_shapes_ansible_would_convert_are_refused_by_name(given, words):
+    assert [words] == [p[: len(words)] for p in shape_problems(OPTIONS, given)]
+
+
+def test_what_the_spec_says_passes_and_secrets_are_never_shown():
+    good = {"names": ["a"], "hosts": [{"name": "a", "note": None}], "env": {"A": "1"}, "label": "x", "count": None,
+            "port": "8080", "flag": "yes", "secret": "s3cret"}  # fmt: skip
+    assert shape_problems(OPTIONS, good) == []
+    assert shape_problems(OPTIONS, {"other": None}) == []  # not an option: not judged
+    bad = shape_problems(OPTIONS, {"secret": 123456, "hosts": [{"name": "a", "key": ["k3y-value"]}]})
+    assert bad == ["hosts[0].key must be a string, not the list given (not shown: no_log)",
+                   "secret must be a string, not the number given (not shown: no_log)"]  # fmt: skip
+
+
+# --------------------------------------------------------------------------- the roles, through ansible-playbook
+
+# role: {case: (variables, stage, words)}; stage "spec": refused by Ansible's validation (the role's first
+# task); otherwise the name of the preflight task that refuses it. Every case must name its variable.
+SHAPES = "Preflight | Variables are of the kinds meta/argument_specs.yml gives them"
+CONSISTENT = "Preflight | Variables are consistent"
+CASES = {}
+# Roles whose defaults read the host's facts (validation templates them).
+FACTS = {"nvidia_driver", "observability"}
+
+
+def host_name(role, case):
+    return f"{role}--{re.sub(r'[^a-z0-9]+', '-', case)}"
+
+
+def failures(output):
+    """{host: (task, text)} of every host that failed: the task's name and the result's lines."""
+    found, task, current = {}, None, None
+    for line in output.splitlines():
+        if line.startswith("TASK ["):
+            task, current = re.sub(r"^TASK \[(?:[\w.]+ : )?(.*)\] \**$", r"\1", line), None
+            continue
+        match = re.match(r"(?:fatal|failed): \[([^\]]+)\]", line)
+        if match:
+            current = match.group(1)
+            found[current] = (task, found[current][1] + "\n" + line if current in found else line)
+        elif current and line[:1] in (" ", "\t"):
+            found[current] = (found[current][0], found[current][1] + "\n" + line)
+        else:
+            current = None
+    return found
+
+
+def run_cases(tmp, role, cases):
+    """One ansible-playbook of the role's preflight (its tag) on an alias of this machine per case (a play whose
+    hosts all fail ends the run, so each role has its own): (rc, output, failures, changed count per host)."""
+    local = {"ansible_connection": "local", "ansible_python_interpreter": sys.executable}
+    hosts = {host_name(role, case): {**local, **given} for case, (given, _, _) in cases.items()}
+    (tmp / f"{role}.inventory.yml").write_text(yaml.safe_dump({"all": {"hosts": hosts}}))
+    play = {"name": role, "hosts": "all", "gather_facts": role in FACTS, "roles": [{"role": f"rigops.fleet.{role}"}]}
+    (tmp / f"{role}.yml").write_text(yaml.safe_dump([play]))
+    proc = ansible_playbook("-i", tmp / f"{role}.inventory.yml", tmp / f"{role}.yml", "--tags", f"{role}_preflight")
+    out = proc.stdout + proc.stderr
+    recap = {m.group(1): int(m.group(2)) for m in re.finditer(r"^(\S+)\s*:\s*ok=\d+\s+changed=(\d+)", out, re.M)}
+    return proc.returncode, out, failures(proc.stdout), recap
+
+
+@pytest.fixture(scope="module")
+def refused(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("role-arguments")
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        runs = {role: pool.submit(run_cases, tmp, role, cases) for role, cases in CASES.items()}
+        return {role: run.result() for role, run in runs.items()}
+
+
+@pytest.mark.parametrize(
+    ("role", "case"), [(role, case) for role, cases in CASES.items() for case in cases], ids=lambda v: v
+)
+def test_a_bad_value_is_refused_by_name_before_any_change(refused, role, case):
+    rc, out, failed, recap = refused[role]
+    _, stage, words = CASES[role][case]
+    host = host_name(role, case)
+    assert rc != 0 and host in failed, out[-4000:]
+    task, text = failed[host]
+    assert task.startswith(VALIDATION) if stage == "spec" else task == stage, (task, text[-3000:])
+    flat = " ".join(text.replace("\\n", " ").replace('\\"', '"').replace("''", "'").split())
+    assert words in flat, text[-3000:]
+    assert recap[host] == 0
+    assert "Traceback" not in text and SECRET_VALUE not in out
