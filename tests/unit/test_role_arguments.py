@@ -79,7 +79,47 @@ def test_what_the_spec_says_passes_and_secrets_are_never_shown():
 # task); otherwise the name of the preflight task that refuses it. Every case must name its variable.
 SHAPES = "Preflight | Variables are of the kinds meta/argument_specs.yml gives them"
 CONSISTENT = "Preflight | Variables are consistent"
-CASES = {}
+CASES = {
+    "fleet_cache": {
+        "port not a number": ({"fleet_cache_port": "http"}, "spec", "argument 'fleet_cache_port' is of type str"),
+        "wheelhouse without its lock": (
+            {"fleet_cache_wheelhouses": [{"name": "cpu", "index_url": "https://pypi.org/simple"}]},
+            "spec",
+            "missing required arguments: lock_url found in fleet_cache_wheelhouses",
+        ),
+        "extra model of another hub": (
+            {"fleet_cache_extra_models": [{"hub": "gitlab", "id": "a/b"}]},
+            "spec",
+            "value of hub must be one of: modelscope, huggingface, got: gitlab found in fleet_cache_extra_models",
+        ),
+        "hub clients as a string": (
+            {"fleet_cache_hub_clients": "modelscope==1.40.2"},
+            SHAPES,
+            'fleet_cache_hub_clients must be a list such as [a, b], not the string "modelscope==1.40.2"',
+        ),
+        "wheelhouses left empty": (
+            {"fleet_cache_wheelhouses": None},
+            "spec",
+            "argument 'fleet_cache_wheelhouses' is of type NoneType and we were unable to convert to list",
+        ),
+        "port out of range": (
+            {"fleet_cache_port": 0},
+            CONSISTENT,
+            "fleet_cache_port must be a TCP port from 1 to 65535; got 0",
+        ),
+        "certificate without key": (
+            {"fleet_cache_tls_certificate": "-----BEGIN CERTIFICATE-----"},
+            CONSISTENT,
+            "fleet_cache_tls_certificate and fleet_cache_tls_key must be both set (HTTPS) or both empty (HTTP)",
+        ),
+        "wheelhouse name with a slash": (
+            {"fleet_cache_wheelhouses": [{"name": "../cpu", "index_url": "https://x/simple", "lock_url": "ftp://x"}]},
+            "Preflight | Each wheelhouse names its build, index and lock",
+            'fleet_cache_wheelhouses[0].name must be lowercase letters, digits, ".", "_" or "-" (a build such as cpu);'
+            ' got "../cpu"; fleet_cache_wheelhouses[0].lock_url must be an http(s) URL; got "ftp://x"',
+        ),
+    },
+}
 # Roles whose defaults read the host's facts (validation templates them).
 FACTS = {"nvidia_driver", "observability"}
 
