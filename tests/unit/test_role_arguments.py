@@ -119,6 +119,34 @@ CASES = {
             ' got "../cpu"; fleet_cache_wheelhouses[0].lock_url must be an http(s) URL; got "ftp://x"',
         ),
     },
+    "nvidia_driver": {
+        "source unknown": (
+            {"nvidia_driver_source": "apt"},
+            "spec",
+            "value of nvidia_driver_source must be one of: ubuntu, cuda, got: apt",
+        ),
+        "mirror without its key": (
+            {"nvidia_driver_archive_repo": {"url": "http://mirror/ubuntu"}},
+            "spec",
+            "parameters are required together: url, suite, key_url found in nvidia_driver_archive_repo",
+        ),
+        "modules as a string": (
+            {"nvidia_driver_modules": "nvidia"},
+            SHAPES,
+            'nvidia_driver_modules must be a list such as [a, b], not the string "nvidia"',
+        ),
+        "branch as a number": (
+            {"nvidia_driver_branch": 590},
+            SHAPES,
+            'nvidia_driver_branch must be a string, not the number 590 (quote it: "590")',
+        ),
+        "branch not digits": (
+            {"nvidia_driver_branch": "r595"},
+            CONSISTENT,
+            'nvidia_driver_branch must be a driver branch, digits only such as "595" (it names the packages);'
+            ' got "r595"',
+        ),
+    },
 }
 # Roles whose defaults read the host's facts (validation templates them).
 FACTS = {"nvidia_driver", "observability"}
