@@ -147,6 +147,28 @@ CASES = {
             ' got "r595"',
         ),
     },
+    "gpu_topology": {
+        "link unknown": (
+            {"gpu_topology_worst_link_allowed": "NVLINK"},
+            "spec",
+            "value of gpu_topology_worst_link_allowed must be one of: NV, PIX, PXB, PHB, NODE, SYS, got: NVLINK",
+        ),
+        "finding kind unknown": (
+            {"gpu_topology_fail_on": ["gpu_missing", "gpu_gone"]},
+            "spec",
+            "value of gpu_topology_fail_on must be one or more of:",
+        ),
+        "env files as a string": (
+            {"gpu_topology_env_files": "/etc/environment"},
+            SHAPES,
+            'gpu_topology_env_files must be a list such as [a, b], not the string "/etc/environment"',
+        ),
+        "no GPU expected": (
+            {"gpu_topology_expected_gpus": 0},
+            CONSISTENT,
+            "gpu_topology_expected_gpus must be a positive number of GPUs, or null to skip the count check; got 0",
+        ),
+    },
 }
 # Roles whose defaults read the host's facts (validation templates them).
 FACTS = {"nvidia_driver", "observability"}
