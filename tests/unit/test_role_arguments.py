@@ -169,6 +169,33 @@ CASES = {
             "gpu_topology_expected_gpus must be a positive number of GPUs, or null to skip the count check; got 0",
         ),
     },
+    "jetson_platform": {
+        "power modes as a name": (
+            {"jetson_platform_power_modes": "agx-thor"},
+            "spec",
+            "argument 'jetson_platform_power_modes' is of type str and we were unable to convert to dict",
+        ),
+        "reserve as words": (
+            {"jetson_platform_os_reserve": "a fifth"},
+            "spec",
+            "argument 'jetson_platform_os_reserve' is of type str and we were unable to convert to float",
+        ),
+        "forbidden packages as a string": (
+            {"jetson_platform_forbidden_packages": "nvidia-driver-*"},
+            SHAPES,
+            'jetson_platform_forbidden_packages must be a list such as [a, b], not the string "nvidia-driver-*"',
+        ),
+        "everything for the OS": (
+            {"jetson_platform_os_reserve": 1.0},
+            CONSISTENT,
+            "jetson_platform_os_reserve must be a fraction from 0 up to (not including) 1; got 1.0",
+        ),
+        "swap file a folder": (
+            {"jetson_platform_swap_file": "/var/lib/rigops/"},
+            CONSISTENT,
+            'jetson_platform_swap_file must be an absolute path of a file (no trailing slash); got "/var/lib/rigops/"',
+        ),
+    },
 }
 # Roles whose defaults read the host's facts (validation templates them).
 FACTS = {"nvidia_driver", "observability"}
