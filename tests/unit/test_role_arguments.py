@@ -196,6 +196,24 @@ CASES = {
             'jetson_platform_swap_file must be an absolute path of a file (no trailing slash); got "/var/lib/rigops/"',
         ),
     },
+    "llm_clients": {
+        "inline key maybe": (
+            {"llm_clients_inline_key": "maybe"},
+            "spec",
+            "argument 'llm_clients_inline_key' is of type str and we were unable to convert to bool",
+        ),
+        "model as a list": (
+            {"llm_clients_active_model": ["chat"]},
+            SHAPES,
+            'llm_clients_active_model must be a string, not the list ["chat"]',
+        ),
+        "gateway not in the inventory": (
+            {"llm_clients_gateway": "nowhere"},
+            "Preflight | A gateway to point at",
+            "llm_clients_gateway must name the gateway, a host of the inventory (by default the first host of the group"
+            ' gateways); got "nowhere"',
+        ),
+    },
 }
 # Roles whose defaults read the host's facts (validation templates them).
 FACTS = {"nvidia_driver", "observability"}
