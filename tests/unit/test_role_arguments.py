@@ -214,6 +214,49 @@ CASES = {
             ' gateways); got "nowhere"',
         ),
     },
+    "llm_gateway": {
+        "client without a key": (
+            {"llm_gateway_clients": [{"name": "alice", "models": "*"}]},
+            "spec",
+            "missing required arguments: key found in llm_gateway_clients",
+        ),
+        "remote with a typo": (
+            {
+                "llm_gateway_remotes": [
+                    {
+                        "name": "hosted",
+                        "base_url": "https://api.example.com/v1",
+                        "key": SECRET_VALUE,
+                        "models": ["m"],
+                        "allow-http": True,
+                    }
+                ]
+            },
+            "spec",
+            "llm_gateway_remotes.allow-http. Supported parameters include: allow_http, base_url, ca_file, key, "
+            "models, name",
+        ),
+        "path unknown": (
+            {"llm_gateway_api_paths": ["chat/completions", "images"]},
+            "spec",
+            "value of llm_gateway_api_paths must be one or more of:",
+        ),
+        "listen as a string": (
+            {"llm_gateway_listen": "0.0.0.0"},
+            SHAPES,
+            'llm_gateway_listen must be a list such as [a, b], not the string "0.0.0.0"',
+        ),
+        "rate without a unit": (
+            {"llm_gateway_default_rate": "10"},
+            CONSISTENT,
+            'llm_gateway_default_rate must be an nginx rate such as "10r/s" or "600r/m"; got "10"',
+        ),
+        "listening nowhere": (
+            {"llm_gateway_listen": []},
+            CONSISTENT,
+            "llm_gateway_listen must list at least one address to listen on; got []",
+        ),
+    },
 }
 # Roles whose defaults read the host's facts (validation templates them).
 FACTS = {"nvidia_driver", "observability"}
