@@ -257,6 +257,23 @@ CASES = {
             "llm_gateway_listen must list at least one address to listen on; got []",
         ),
     },
+    "model_weights": {
+        "attempts as words": (
+            {"model_weights_attempts": "thrice"},
+            "spec",
+            "argument 'model_weights_attempts' is of type str and we were unable to convert to int",
+        ),
+        "token as a list": (
+            {"model_weights_huggingface_token": [SECRET_VALUE]},
+            SHAPES,
+            "model_weights_huggingface_token must be a string, not the list given (not shown: no_log)",
+        ),
+        "mode as a number": (
+            {"model_weights_dir_mode": "750"},
+            CONSISTENT,
+            'model_weights_dir_mode must be a quoted octal mode such as "0750"; got "750"',
+        ),
+    },
 }
 # Roles whose defaults read the host's facts (validation templates them).
 FACTS = {"nvidia_driver", "observability"}
