@@ -274,6 +274,28 @@ CASES = {
             'model_weights_dir_mode must be a quoted octal mode such as "0750"; got "750"',
         ),
     },
+    "observability": {
+        "port as a name": (
+            {"observability_node_exporter_port": "ssh"},
+            "spec",
+            "argument 'observability_node_exporter_port' is of type str and we were unable to convert to int",
+        ),
+        "scrape groups as a string": (
+            {"observability_scrape_groups": "gpu-rigs"},
+            SHAPES,
+            'observability_scrape_groups must be a list such as [a, b], not the string "gpu-rigs"',
+        ),
+        "listen without a host": (
+            {"observability_prometheus_listen_address": "9090"},
+            CONSISTENT,
+            'observability_prometheus_listen_address must be host:port such as "127.0.0.1:9090"; got "9090"',
+        ),
+        "proxy maybe": (
+            {"observability_metrics_proxy": "maybe"},
+            CONSISTENT,
+            'observability_metrics_proxy must be true, false or auto; got "maybe"',
+        ),
+    },
 }
 # Roles whose defaults read the host's facts (validation templates them).
 FACTS = {"nvidia_driver", "observability"}
