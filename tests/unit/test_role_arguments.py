@@ -296,6 +296,23 @@ CASES = {
             'observability_metrics_proxy must be true, false or auto; got "maybe"',
         ),
     },
+    "vllm_runtime": {
+        "flavour unknown": (
+            {"vllm_runtime_flavour": "rocm"},
+            "spec",
+            "value of vllm_runtime_flavour must be one of: cuda, jetson, cpu, got: rocm",
+        ),
+        "extra requirement as a string": (
+            {"vllm_runtime_extra_requirements": "flash-attn==2.8.3"},
+            SHAPES,
+            'vllm_runtime_extra_requirements must be a list such as [a, b], not the string "flash-attn==2.8.3"',
+        ),
+        "keep fewer than none": (
+            {"vllm_runtime_keep_releases": -1},
+            CONSISTENT,
+            "vllm_runtime_keep_releases must be 0 or more releases; got -1",
+        ),
+    },
 }
 # Roles whose defaults read the host's facts (validation templates them).
 FACTS = {"nvidia_driver", "observability"}
