@@ -313,6 +313,29 @@ CASES = {
             "vllm_runtime_keep_releases must be 0 or more releases; got -1",
         ),
     },
+    "vllm_service": {
+        "flavour unknown": (
+            {"vllm_service_flavour": "rocm"},
+            "spec",
+            "value of vllm_service_flavour must be one of: cpu, cuda, jetson, got: rocm",
+        ),
+        "rotate keys as a string": (
+            {"vllm_service_rotate_keys": "alpha"},
+            SHAPES,
+            'vllm_service_rotate_keys must be a list such as [a, b], not the string "alpha"',
+        ),
+        "devices on cpu": (
+            {"vllm_service_flavour": "cpu", "vllm_service_device_allow": ["/dev/infiniband/uverbs0 rw"]},
+            CONSISTENT,
+            "vllm_service_device_allow must be empty on the cpu flavour, whose units have no device at all",
+        ),
+        "slack beyond a second": (
+            {"vllm_service_timer_slack_nsec": 2000000000},
+            CONSISTENT,
+            "vllm_service_timer_slack_nsec must be nanoseconds from 0 (the kernel's default) to 1000000000; got"
+            " 2000000000",
+        ),
+    },
 }
 # Roles whose defaults read the host's facts (validation templates them).
 FACTS = {"nvidia_driver", "observability"}
