@@ -336,6 +336,33 @@ CASES = {
             " 2000000000",
         ),
     },
+    "bench": {
+        "memory from nowhere": (
+            {"bench_memory_source": "dcgm"},
+            "spec",
+            "value of bench_memory_source must be one of: auto, nvidia-smi, tegrastats, proc, none, got: dcgm",
+        ),
+        "a step of words": (
+            {"bench_concurrency": [1, "many"]},
+            "spec",
+            "Elements value for option 'bench_concurrency' is of type str and we were unable to convert to int",
+        ),
+        "model names as text": (
+            {"bench_model_names": "alpha=chat"},
+            SHAPES,
+            'bench_model_names must be a mapping such as {key: value}, not the string "alpha=chat"',
+        ),
+        "no step": (
+            {"bench_concurrency": []},
+            CONSISTENT,
+            "bench_concurrency must list 1 or more steps, each 1 or more; got []",
+        ),
+        "sampling too often": (
+            {"bench_sample_interval": 0.01},
+            CONSISTENT,
+            "bench_sample_interval must be 0.1 or more seconds; got 0.01",
+        ),
+    },
 }
 # Roles whose defaults read the host's facts (validation templates them).
 FACTS = {"nvidia_driver", "observability"}
