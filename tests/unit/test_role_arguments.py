@@ -7,6 +7,9 @@ cannot say.
   (refused by Ansible's validation, the role's first task) and of rules its preflight keeps, each refused with
   the variable's name before anything on the host changes. Each case is a host of its own (an alias of this
   machine), one run per role, and only the role's preflight runs (its tag), read-only.
+- The specs: every variable of defaults/main.yml has an option with a type, a description and the same
+  default (a list says its elements, a mapping or list of mappings its keys); every ``tasks_from`` of the
+  project enters the role by an entry point of its spec, so that Ansible validates it there too.
 """
 
 from __future__ import annotations
@@ -426,3 +429,145 @@ def test_a_bad_value_is_refused_by_name_before_any_change(refused, role, case):
     assert words in flat, text[-3000:]
     assert recap[host] == 0
     assert "Traceback" not in text and SECRET_VALUE not in out
+
+
+# --------------------------------------------------------------------------- the specs
+
+ROLES = sorted(p.name for p in (ROOT / "roles").iterdir() if (p / "meta" / "argument_specs.yml").exists())
+# Options with no default in defaults/main.yml: a host's own value or nothing.
+NO_DEFAULT = {"observability_address"}
+# Option names that carry secrets (a URL or a file of a key is not one).
+SECRET = re.compile(r"(^|_)(token|password|secret|api_key|tls_key)$|^key$")
+
+
+def specs(role):
+    return yaml.safe_load((ROOT / "roles" / role / "meta" / "argument_specs.yml").read_text())["argument_specs"]
+
+
+def defaults(role):
+    return yaml.safe_load((ROOT / "roles" / role / "defaults" / "main.yml").read_text()) or {}
+
+
+def walk(options, prefix=""):
+    """(path, option) of every option and sub-option."""
+    for name, opt in options.items():
+        yield prefix + name, opt
+        yield from walk(opt.get("options") or {}, f"{prefix}{name}.")
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_the_spec_mirrors_the_defaults(role):
+    options, given = specs(role)["main"]["options"], defaults(role)
+    assert set(options) - set(given) <= NO_DEFAULT, set(options) - set(given)
+    assert set(given) <= set(options), f"undocumented: {set(given) - set(options)}"
+    for name, value in given.items():
+        assert "default" in options[name], f"{role}: {name} has no default in its spec ({value!r})"
+        spec_default = options[name]["default"]
+        if isinstance(value, str):  # a template folded over lines reads the same
+            value, spec_default = " ".join(value.split()), " ".join(str(spec_default).split())
+        assert spec_default == value, f"{role}: {name}: spec {spec_default!r}, defaults/main.yml {value!r}"
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_every_option_says_what_it_is(role):
+    for entry, spec in specs(role).items():
+        assert spec.get("short_description") and spec.get("description"), f"{role}: entry point {entry}"
+        for path, opt in walk(spec.get("options") or {}):
+            where = f"{role} {entry}: {path}"
+            assert opt.get("type"), f"{where} has no type"
+            text = opt.get("description")
+            text = " ".join(text) if isinstance(text, list) else text
+            assert text and len(text) >= 20, f"{where}: a description says what it does and what values mean"
+            if opt["type"] == "list":
+                assert opt.get("elements"), f"{where}: a list says its elements"
+            if opt.get("options"):
+                assert opt["type"] == "dict" or opt.get("elements") == "dict", where
+            leaf = path.rsplit(".", 1)[-1]
+            if SECRET.search(leaf):
+                assert opt.get("no_log") is True, f"{where} carries a secret: no_log: true"
+            if opt.get("choices") and opt.get("default") is not None and "{{" not in str(opt["default"]):
+                chosen = opt["default"] if isinstance(opt["default"], list) else [opt["default"]]
+                assert set(chosen) <= set(opt["choices"]), where
+
+
+@pytest.mark.parametrize("role", ROLES)
+def test_literal_defaults_have_their_kinds(role):
+    """What defaults/main.yml gives (templates aside) passes the shape check: a role never refuses itself."""
+    options = specs(role)["main"]["options"]
+    literal = {k: v for k, v in defaults(role).items() if not (isinstance(v, str) and "{{" in v)}
+    assert shape_problems(options, literal) == []
+
+
+def inventory_values():
+    """Every variable set by the project's inventories and Molecule scenarios (files and host_vars)."""
+    found = []
+    for path in sorted((ROOT / "inventories").rglob("*.yml")):
+        data = yaml.safe_load(path.read_text())
+        if isinstance(data, dict) and "all" not in data:
+            found.append((str(path.relative_to(ROOT)), data))
+    for path in sorted((ROOT / "molecule").glob("*/molecule.yml")):
+        inventory = (yaml.safe_load(path.read_text()).get("provisioner") or {}).get("inventory") or {}
+        for kind in ("host_vars", "group_vars"):
+            for name, data in (inventory.get(kind) or {}).items():
+                found.append((f"{path.relative_to(ROOT)} {kind} {name}", data or {}))
+    return found
+
+
+def test_the_projects_inventories_pass_the_shape_check():
+    options = {}
+    for role in ROLES:
+        options.update(specs(role)["main"]["options"])
+    for where, data in inventory_values():
+        literal = {k: v for k, v in data.items() if not (isinstance(v, str) and "{{" in v)}
+        assert shape_problems(options, literal) == [], where
+
+
+TASKS_FROM = re.compile(r"tasks_from[\"']?\s*[:=]\s*[\"']?([\w.-]+)")
+
+
+def entries_used():
+    """(file, role, tasks_from) of every include_role/import_role with tasks_from in the project."""
+    used = []
+    for folder in ("playbooks", "tools", "tests", "benchmarks", "molecule", "roles", "site.yml"):
+        base = ROOT / folder
+        for path in [base] if base.is_file() else sorted(base.rglob("*")):
+            if path.suffix not in (".yml", ".yaml", ".py") or path.name == Path(__file__).name:
+                continue
+            text = path.read_text()
+            for match in TASKS_FROM.finditer(text):
+                before = text[: match.start()]
+                names = re.findall(r"[\"']?name[\"']?\s*[:=]\s*[\"']?([\w.]+)", before)
+                if names:
+                    used.append((str(path.relative_to(ROOT)), names[-1].rsplit(".", 1)[-1], match.group(1)))
+    return used
+
+
+def test_every_tasks_from_enters_by_an_entry_point_of_the_spec():
+    """`tasks_from: x` is validated only against an entry point named x (not x.yml): each one used has one, its
+    options are the main entry point's own definitions, and they cover the role variables its tasks read."""
+    used = entries_used()
+    assert used, "no tasks_from found: the pattern is wrong"
+    for where, role, entry in used:
+        assert role in ROLES, (where, role)
+        spec = specs(role)
+        assert entry in spec, f"{where}: tasks_from {entry} of {role}: no such entry point (name it without .yml)"
+        for name, opt in (spec[entry].get("options") or {}).items():
+            assert spec["main"]["options"].get(name) == opt, f"{role} {entry}: {name} differs from main's"
+        tasks = (ROOT / "roles" / role / "tasks" / f"{entry}.yml").read_text()
+        read = set(re.findall(rf"\b({role}_[a-z][a-z0-9_]*)", tasks)) & set(spec["main"]["options"])
+        if "import_tasks: preflight.yml" in tasks or entry == "preflight":
+            read = set(spec["main"]["options"])
+        assert read <= set(spec[entry].get("options") or {}), f"{role} {entry} reads {read - set(spec[entry])}"
+
+
+def test_the_runtimes_flavours_are_the_matrixs():
+    matrix = yaml.safe_load((ROOT / "roles" / "vllm_runtime" / "vars" / "matrix.yml").read_text())
+    assert specs("vllm_runtime")["main"]["options"]["vllm_runtime_flavour"]["choices"] == list(
+        matrix["vllm_runtime__matrix"]
+    )
+
+
+def test_every_role_has_a_case_of_its_spec_and_of_its_preflight():
+    for role in ROLES:
+        stages = {stage == "spec" for _, stage, _ in CASES.get(role, {}).values()}
+        assert stages == {True, False}, f"{role}: a bad value the spec refuses and one its preflight refuses"
