@@ -279,8 +279,8 @@ def run_local(args, workdir: Path) -> dict:
     inventory = {"all": {"children": {"gateways": {"hosts": {"gw": gateway_host}}, "gpu-rigs": {"hosts": {"gw": {}}}}}}
     (workdir / "inventory.yml").write_text(yaml.safe_dump(inventory))
     play = [{"name": "llm_gateway preflight and configure", "hosts": "gateways", "gather_facts": False, "tasks": [
-        {"name": "Preflight", "ansible.builtin.import_role": {"name": "llm_gateway", "tasks_from": "preflight.yml"}},
-        {"name": "Configure", "ansible.builtin.import_role": {"name": "llm_gateway", "tasks_from": "configure.yml"}},
+        {"name": "Preflight", "ansible.builtin.import_role": {"name": "llm_gateway", "tasks_from": "preflight"}},
+        {"name": "Configure", "ansible.builtin.import_role": {"name": "llm_gateway", "tasks_from": "configure"}},
     ]}]  # fmt: skip
     (workdir / "play.yml").write_text(yaml.safe_dump(play))
     tool = sb.ROOT / "roles" / "llm_gateway" / "files" / "rigops-llm-gateway-config"

@@ -540,11 +540,11 @@ PLAY = [
             },
             {
                 "name": "Preflight",
-                "ansible.builtin.import_role": {"name": "rigops.fleet.llm_gateway", "tasks_from": "preflight.yml"},
+                "ansible.builtin.import_role": {"name": "rigops.fleet.llm_gateway", "tasks_from": "preflight"},
             },
             {
                 "name": "Configure",
-                "ansible.builtin.import_role": {"name": "rigops.fleet.llm_gateway", "tasks_from": "configure.yml"},
+                "ansible.builtin.import_role": {"name": "rigops.fleet.llm_gateway", "tasks_from": "configure"},
             },
         ],
     }

@@ -574,7 +574,7 @@ def test_preflight_refuses_a_python_without_the_hubs_client_by_name(tmp_path):
         "tasks": [
             {
                 "name": "Preflight",
-                "ansible.builtin.import_role": {"name": "rigops.fleet.model_weights", "tasks_from": "preflight.yml"},
+                "ansible.builtin.import_role": {"name": "rigops.fleet.model_weights", "tasks_from": "preflight"},
             },
         ],
     }

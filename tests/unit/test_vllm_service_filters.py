@@ -247,7 +247,7 @@ def test_the_role_renders_the_sandbox_rig_file_through_ansible(tmp_path):
             "tasks": [
                 {
                     "name": "Preflight",
-                    "ansible.builtin.import_role": {"name": "rigops.fleet.vllm_service", "tasks_from": "preflight.yml"},
+                    "ansible.builtin.import_role": {"name": "rigops.fleet.vllm_service", "tasks_from": "preflight"},
                 },
                 {
                     "name": "Render",
@@ -264,7 +264,10 @@ def test_the_role_renders_the_sandbox_rig_file_through_ansible(tmp_path):
     ]
     (tmp_path / "play.yml").write_text(yaml.safe_dump(play, allow_unicode=True))
     sandbox_vars = ROOT / "inventories" / "sandbox" / "group_vars" / "all" / "vllm_service.yml"
-    proc = ansible_playbook(*LOCALHOST, "-e", f"@{sandbox_vars}", tmp_path / "play.yml")
+    # its vllm_service_environment reads rollout.yml's planted fault (empty here): the entry point's argument
+    # spec validation renders every variable of the role
+    planted = sandbox_vars.parent / "rollout.yml"
+    proc = ansible_playbook(*LOCALHOST, "-e", f"@{sandbox_vars}", "-e", f"@{planted}", tmp_path / "play.yml")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert (tmp_path / "alpha.toml").read_text() == (FIX / "alpha.config.toml").read_text()
     beta = load(tmp_path / "beta.toml")

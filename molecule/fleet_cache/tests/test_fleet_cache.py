@@ -136,10 +136,16 @@ def test_check_mode_on_the_converged_cache_changes_nothing():
     assert rc == 0 and recap(out, "fc-cache")["changed"] == 0, out[-3000:]
 
 
+# The first two are refused by the role's argument spec (Ansible's validation, the role's first task), the
+# third by its preflight.
 BAD = {
-    "fleet_cache_wheelhouses[0] is": '{"fleet_cache_wheelhouses": [{"name": "cpu"}]}',
-    "fleet_cache_port a port 1-65535 (got 0)": '{"fleet_cache_port": 0}',
-    "fleet_cache_extra_models[0] must be": '{"fleet_cache_extra_models": [{"hub": "gitlab", "id": "a/b"}]}',
+    "missing required arguments: index_url, lock_url found in fleet_cache_wheelhouses": (
+        '{"fleet_cache_wheelhouses": [{"name": "cpu"}]}'
+    ),
+    "value of hub must be one of: modelscope, huggingface, got: gitlab found in fleet_cache_extra_models": (
+        '{"fleet_cache_extra_models": [{"hub": "gitlab", "id": "a/b"}]}'
+    ),
+    "fleet_cache_port must be a TCP port from 1 to 65535; got 0": '{"fleet_cache_port": 0}',
 }
 
 
