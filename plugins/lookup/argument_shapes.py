@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 DOCUMENTATION = r"""
 name: argument_shapes
-author: rigops contributors
+author: rigops contributors (@rigops)
 short_description: The role variables its argument spec accepts only by converting them
 description:
   - Ansible validates a role's variables against its C(meta/argument_specs.yml) when the role starts, but it
