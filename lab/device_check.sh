@@ -97,7 +97,7 @@ modules="skipped(no ansible)"
 [[ $captured == 1 ]] || modules="skipped(nvidia-smi failed)"
 if [[ $captured == 1 ]] && command -v ansible >/dev/null; then
     modules=ok
-    # gpu_topology reports its gate's findings; it fails here only when it cannot read the topology.
+    # gpu_topology reports its check's findings; it fails here only when it cannot read the topology.
     for call in "rigops.fleet.nvidia_gpu_facts" "rigops.fleet.gpu_topology -a {\"fail_on\":[\"topology_unreadable\"]}"; do
         read -r -a words <<<"$call"
         (cd "$root" && ansible localhost -i localhost, -c local -e "ansible_python_interpreter=$py" \

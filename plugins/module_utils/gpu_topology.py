@@ -1,8 +1,8 @@
 # Copyright: rigops contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The topology gate: policy over what ``nvidia_topology`` parsed. Plain data in and out.
+"""The topology check: policy over what ``nvidia_topology`` parsed. Plain data in and out.
 
-``evaluate_gate`` is a short driver: it prepares the evidence once (``_evidence``), then
+``evaluate_check`` is a short driver: it prepares the evidence once (``_evidence``), then
 runs one small function per check, host-wide (``check_topology_readable``,
 ``check_gpu_count``) and per GPU group (``GROUP_CHECKS``: GPUs present, links, NUMA, P2P
 status, ACS, IOMMU, NCCL environment), and collects their findings into one verdict per
@@ -20,7 +20,7 @@ A finding is a dict::
     fix          what to do
     cause_class  why it happens, one of CAUSE_CLASSES
     severity     'error' when kind is in fail_on (never for cause_class 'informational'),
-                 else 'warning'; the gate passes when no finding is an error
+                 else 'warning'; the check passes when no finding is an error
 
 Runs on managed hosts: Python 3.8 compatible.
 """
@@ -70,7 +70,7 @@ CAUSE_CLASSES = {
     ),
     "layout": "the GPUs chosen for the instance, or the slots they sit in: links, NUMA nodes, TNS inside a socket",
     "inventory": "the host does not show the GPUs the inventory expects",
-    "evidence": "what the gate needs could not be read: no topo -m matrix, an unreadable link, no P2P status",
+    "evidence": "what the check needs could not be read: no topo -m matrix, an unreadable link, no P2P status",
 }
 P2P_MEANINGS = {
     "CNS": "chipset not supported",
@@ -627,7 +627,7 @@ def _unique(problems):
     return out
 
 
-def evaluate_gate(
+def evaluate_check(
     topo,
     p2p_by_mode=None,
     groups=None,

@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Parsers and readers of GPU topology evidence: plain functions, plain data in and out.
 
-No AnsibleModule and no policy here (the gate is ``topology_gate``):
+No AnsibleModule and no policy here (the policy is module_utils ``gpu_topology``):
 
 * ``parse_topo_matrix``  - ``nvidia-smi topo -m`` as printed or as pasted by people
 * ``parse_p2p_matrix``   - ``nvidia-smi topo -p2p r|w|n|a|p``
@@ -12,7 +12,7 @@ No AnsibleModule and no policy here (the gate is ``topology_gate``):
 * ``read_iommu_groups``  - ``<sysfs_root>/kernel/iommu_groups/<n>/devices/<bdf>``
 * ``parse_env_file``     - systemd EnvironmentFile / /etc/environment syntax
 * ``nccl_level`` / ``link_nccl_level`` - NCCL_P2P_LEVEL values and the level a link needs
-* ``normalize_bdf``, ``pair_key``, ``link_rank`` - the keys and the order the gate uses
+* ``normalize_bdf``, ``pair_key``, ``link_rank`` - the keys and the order the check uses
 
 How bridges "above a GPU" are found (documented approach): a PCI bridge routes the
 bus numbers ``secondary..subordinate`` of its ``Bus:`` line in ``lspci -vvv``; a

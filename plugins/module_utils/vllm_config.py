@@ -705,7 +705,7 @@ def build_env(cfg, base_env, key=None, runtime_dir=None):
     # torch.distributed's gloo binds the address the host name resolves to unless told an interface.
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     if server["gpus"]:
-        # `gpus` are nvidia-smi's indices (PCI bus order), which the topology gate and the unit's device
+        # `gpus` are nvidia-smi's indices (PCI bus order), which the topology check and the unit's device
         # drop-in use too; CUDA numbers GPUs fastest first unless told the bus order.
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in server["gpus"])

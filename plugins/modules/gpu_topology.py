@@ -6,7 +6,7 @@
 DOCUMENTATION = r"""
 ---
 module: gpu_topology
-short_description: Gate on GPU topology, P2P, ACS, IOMMU and NCCL settings
+short_description: Check GPU topology, P2P, ACS, IOMMU and NCCL settings
 description:
   - Reads C(nvidia-smi topo -m) and C(nvidia-smi topo -p2p <mode>) for each mode in O(p2p_modes), and where available
     the ACS control bits of the PCIe bridges above the GPUs (C(lspci -vvv) C(ACSCtl)), the IOMMU groups
@@ -127,7 +127,7 @@ seealso:
 """
 
 EXAMPLES = r"""
-- name: Gate the GPUs each vLLM instance will use
+- name: Check the GPUs each vLLM instance will use
   gpu_topology:
     expected_gpus: 8
     groups:
@@ -356,7 +356,7 @@ from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.rigops.fleet.plugins.module_utils.gpu_topology import (
     DEFAULT_FAIL_ON,
     PROBLEM_KINDS,
-    evaluate_gate,
+    evaluate_check,
     format_problems,
 )
 from ansible_collections.rigops.fleet.plugins.module_utils.nvidia_smi import (
@@ -463,7 +463,7 @@ def main():
         if os.path.isfile(path):
             env_by_file[path] = parse_env_file(read_captured(module, path))
 
-    gate = evaluate_gate(
+    outcome = evaluate_check(
         topo,
         p2p_by_mode={m: v["status"] for m, v in p2p_by_mode.items() if v["found"]},
         groups=p["groups"],
@@ -479,7 +479,7 @@ def main():
         sysfs_root=p["sysfs_root"],
     )
     first_mode = next((m for m in p["p2p_modes"] if m in p2p_by_mode), None)
-    judged = [v for v in gate["verdicts"] if v["worst_pair"] is not None]
+    judged = [v for v in outcome["verdicts"] if v["worst_pair"] is not None]
     worst_link = max((v["worst_link"] for v in judged), key=link_rank) if judged else None
     p2p_known = [v["p2p_ok"] for v in judged if v["p2p_ok"] is not None]
     result = dict(
@@ -494,9 +494,9 @@ def main():
         p2p_by_mode={m: v["status"] for m, v in p2p_by_mode.items()},
         worst_link=worst_link,
         p2p_ok=all(p2p_known) if p2p_known else None,
-        verdicts=gate["verdicts"],
-        problems=gate["problems"],
-        passed=gate["passed"],
+        verdicts=outcome["verdicts"],
+        problems=outcome["problems"],
+        passed=outcome["passed"],
         acs={
             "checked": bool(lspci and lspci["acs_lines"]),
             "redirecting_bridges": sorted(
@@ -511,18 +511,18 @@ def main():
             f: {k: v for k, v in e.items() if k in ("NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL")}
             for f, e in env_by_file.items()
         },
-        problem_lines=format_problems(gate["problems"]),
+        problem_lines=format_problems(outcome["problems"]),
         parse_warnings=warnings,
     )
     for w in warnings:
         module.warn(w)
-    errors = [pr for pr in gate["problems"] if pr["severity"] == "error"]
-    for line in format_problems([pr for pr in gate["problems"] if pr["severity"] == "warning"]):
+    errors = [pr for pr in outcome["problems"] if pr["severity"] == "error"]
+    for line in format_problems([pr for pr in outcome["problems"] if pr["severity"] == "warning"]):
         module.warn(line)
     if errors:
         lines = format_problems(errors)
         module.fail_json(
-            msg="GPU topology gate failed: {} error(s) on {} line(s): {}".format(
+            msg="GPU topology check failed: {} error(s) on {} line(s): {}".format(
                 len(errors), len(lines), " | ".join(lines)
             ),
             **result,

@@ -1,4 +1,4 @@
-"""The gate policy (plugins/module_utils/gpu_topology.py) on real captures, its grouped lines, and
+"""The topology check's policy (plugins/module_utils/gpu_topology.py) on real captures, its grouped lines, and
 gpu_topology's main() end to end. The example inventory on sandbox profiles: test_topology_example.py."""
 
 import pytest
@@ -6,7 +6,7 @@ from ansible_collections.rigops.fleet.plugins.module_utils.gpu_topology import (
     CAUSE_CLASSES,
     DEFAULT_FAIL_ON,
     PROBLEM_KINDS,
-    evaluate_gate,
+    evaluate_check,
     format_problems,
     gpu_set,
     pairs_text,
@@ -27,7 +27,7 @@ def kinds(result):
 
 def test_eight_pcie_gpus_across_numa_with_require_p2p_fail_naming_pairs(real):
     topo = parse_topo_matrix(real("t01_go_gpuallocator_8x4090_sys_nics.txt"))
-    res = evaluate_gate(topo, groups=[list(range(8))], require_p2p=True, **NODE_OK)
+    res = evaluate_check(topo, groups=[list(range(8))], require_p2p=True, **NODE_OK)
     assert not res["passed"]
     verdict = res["verdicts"][0]
     assert verdict["worst_link"] == "SYS" and verdict["numa_nodes"] == ["0", "1"]
@@ -49,11 +49,11 @@ def test_eight_pcie_gpus_across_numa_with_require_p2p_fail_naming_pairs(real):
 def test_same_numa_group_passes_when_node_allowed(real):
     topo = parse_topo_matrix(real("t06_aikitoria13_5gpu_prompts_topo_then_p2p.txt"))
     p2p = parse_p2p_matrix(real("t06_aikitoria13_5gpu_prompts_topo_then_p2p.txt"))["status"]
-    res = evaluate_gate(topo, p2p_by_mode={"p": p2p}, groups=[[0, 1, 2, 3]], require_p2p=True, **NODE_OK)
+    res = evaluate_check(topo, p2p_by_mode={"p": p2p}, groups=[[0, 1, 2, 3]], require_p2p=True, **NODE_OK)
     assert res["passed"], res["problems"]
     assert res["verdicts"][0]["worst_link"] == "NODE"
     assert res["verdicts"][0]["p2p_ok"] is True
-    stricter = evaluate_gate(topo, p2p_by_mode={"p": p2p}, groups=[[0, 1, 2, 3]], worst_link_allowed="PHB")
+    stricter = evaluate_check(topo, p2p_by_mode={"p": p2p}, groups=[[0, 1, 2, 3]], worst_link_allowed="PHB")
     assert not stricter["passed"]
     assert {p["pair"] for p in stricter["problems"]} == {
         "GPU0-GPU1",
@@ -67,16 +67,16 @@ def test_same_numa_group_passes_when_node_allowed(real):
 
 def test_four_gpu_group_on_one_numa_node_of_a_two_socket_box(real):
     topo = parse_topo_matrix(real("t13_c_comment_prefixed_4gpu_nics.txt"))
-    ok = evaluate_gate(topo, groups=[{"name": "small", "gpus": [0, 1]}, {"name": "other", "gpus": [2, 3]}], **NODE_OK)
+    ok = evaluate_check(topo, groups=[{"name": "small", "gpus": [0, 1]}, {"name": "other", "gpus": [2, 3]}], **NODE_OK)
     assert ok["passed"] and [v["name"] for v in ok["verdicts"]] == ["small", "other"]
-    bad = evaluate_gate(topo, groups=[[0, 1, 2, 3]], **NODE_OK)
+    bad = evaluate_check(topo, groups=[[0, 1, 2, 3]], **NODE_OK)
     assert not bad["passed"]
     assert "GPU0-GPU2" in {p["pair"] for p in bad["problems"] if p["severity"] == "error"}
 
 
 def test_all_nv18_passes(real):
     topo = parse_topo_matrix(real("t08_vllm13855_dgx_h100_merged_cells_truncated.txt"))
-    res = evaluate_gate(topo, groups=[list(range(8))], expected_gpus=8, worst_link_allowed="NV")
+    res = evaluate_check(topo, groups=[list(range(8))], expected_gpus=8, worst_link_allowed="NV")
     assert res["passed"]
     assert res["verdicts"][0]["worst_link"] == "NV18"
     # cross-NUMA pairs are only warnings by default
@@ -95,7 +95,7 @@ def test_p2p_gns_consumer_cards_warn_with_the_cost_and_the_layout(real, topo_nam
     """GeForce on NVIDIA's stock driver (real 2x RTX 5090 captures): GNS on the pair is the product."""
     p2p = {"r": parse_p2p_matrix(real(p2p_name))["status"]}
     topo = parse_topo_matrix(real(topo_name))
-    res = evaluate_gate(topo, p2p_by_mode=p2p, require_p2p=True, worst_link_allowed="PHB")
+    res = evaluate_check(topo, p2p_by_mode=p2p, require_p2p=True, worst_link_allowed="PHB")
     (problem,) = res["problems"]
     assert problem["kind"] == "p2p_unsupported_by_product" and problem["pair"] == "GPU0-GPU1"
     assert problem["severity"] == "warning" and problem["cause_class"] == "product"
@@ -105,7 +105,7 @@ def test_p2p_gns_consumer_cards_warn_with_the_cost_and_the_layout(real, topo_nam
     assert res["passed"] and res["verdicts"][0]["p2p_ok"] is False
     assert res["verdicts"][0]["p2p_product_pairs"] == ["GPU0-GPU1"]
     # an operator who wants P2P or nothing says so in fail_on
-    strict = evaluate_gate(
+    strict = evaluate_check(
         topo,
         p2p_by_mode=p2p,
         require_p2p=True,
@@ -117,7 +117,7 @@ def test_p2p_gns_consumer_cards_warn_with_the_cost_and_the_layout(real, topo_nam
 
 def test_missing_gpus(real):
     topo = parse_topo_matrix(real("t19_aikitoria1_4gpu_phb_spaces_prompt_after.txt"))
-    res = evaluate_gate(topo, expected_gpus=8, groups=[{"name": "main", "gpus": [0, 5]}])
+    res = evaluate_check(topo, expected_gpus=8, groups=[{"name": "main", "gpus": [0, 5]}])
     missing = [p for p in res["problems"] if p["kind"] == "gpu_missing"]
     assert {p["pair"] for p in missing} == {None, "GPU5"}
     assert all("lspci" in p["fix"] and p["severity"] == "error" for p in missing)
@@ -127,16 +127,16 @@ def test_missing_gpus(real):
 def test_acs_redirect_from_grep_output_is_reported_with_bios_fix(real):
     topo = parse_topo_matrix(real("t19_aikitoria1_4gpu_phb_spaces_prompt_after.txt"))
     lspci = parse_lspci_vvv(real("l02_nccl629_grep_acsctl_redirect_tabs_truncated.txt"))
-    res = evaluate_gate(topo, lspci=lspci, **NODE_OK)
+    res = evaluate_check(topo, lspci=lspci, **NODE_OK)
     (acs,) = [p for p in res["problems"] if p["kind"] == "acs_redirect"]
     assert acs["pair"] == "GPU0,GPU1,GPU2,GPU3" and "BIOS" in acs["fix"]
-    clean = evaluate_gate(topo, lspci=parse_lspci_vvv(real("l01_nccl606_grep_acsctl_srcvalid_only.txt")), **NODE_OK)
+    clean = evaluate_check(topo, lspci=parse_lspci_vvv(real("l01_nccl606_grep_acsctl_srcvalid_only.txt")), **NODE_OK)
     assert clean["passed"] and not clean["problems"]
 
 
 def test_acs_redirect_mapped_to_the_gpu_pair(lspci_vvv_synthetic):
     topo = parse_topo_matrix("\tGPU0\tGPU1\tCPU Affinity\nGPU0\t X \tPHB\t0-7\nGPU1\tPHB\t X \t0-7\n")
-    res = evaluate_gate(
+    res = evaluate_check(
         topo, lspci=parse_lspci_vvv(lspci_vvv_synthetic), gpu_bus_ids=["00000000:02:00.0", "00000000:41:00.0"]
     )
     (acs,) = [p for p in res["problems"] if p["kind"] == "acs_redirect"]
@@ -145,25 +145,25 @@ def test_acs_redirect_mapped_to_the_gpu_pair(lspci_vvv_synthetic):
 
 def test_nccl_p2p_disable_in_env_file(real):
     topo = parse_topo_matrix(real("t17_club3090_rig_report_2x3090_nv4_with_p2p.txt"))
-    res = evaluate_gate(topo, env_by_file={"/etc/rigops/vllm-main.env": {"NCCL_P2P_DISABLE": "1"}})
+    res = evaluate_check(topo, env_by_file={"/etc/rigops/vllm-main.env": {"NCCL_P2P_DISABLE": "1"}})
     (p,) = res["problems"]
     assert p["kind"] == "nccl_p2p_disabled" and p["fix"].startswith(
         "remove NCCL_P2P_DISABLE from /etc/rigops/vllm-main.env"
     )
-    level = evaluate_gate(topo, env_by_file={"/etc/environment": {"NCCL_P2P_LEVEL": "LOC"}})
+    level = evaluate_check(topo, env_by_file={"/etc/environment": {"NCCL_P2P_LEVEL": "LOC"}})
     assert kinds(level) == ["nccl_p2p_disabled"]
-    fine = evaluate_gate(topo, env_by_file={"/etc/environment": {"NCCL_P2P_LEVEL": "NVL", "NCCL_P2P_DISABLE": "0"}})
+    fine = evaluate_check(topo, env_by_file={"/etc/environment": {"NCCL_P2P_LEVEL": "NVL", "NCCL_P2P_DISABLE": "0"}})
     assert fine["passed"] and not fine["problems"]
 
 
 def test_iommu_split_is_a_warning_by_default(real):
     topo = parse_topo_matrix(real("t03_club3090_922_2x3090_phb_p2p_ok.txt"))
-    res = evaluate_gate(
+    res = evaluate_check(
         topo, gpu_bus_ids=["0000:01:00.0", "0000:02:00.0"], iommu_groups={"0000:01:00.0": "12", "0000:02:00.0": "13"}
     )
     (p,) = res["problems"]
     assert p["kind"] == "iommu_split" and p["severity"] == "warning" and res["passed"]
-    strict = evaluate_gate(
+    strict = evaluate_check(
         topo,
         gpu_bus_ids=["0000:01:00.0", "0000:02:00.0"],
         iommu_groups={"0000:01:00.0": "12", "0000:02:00.0": "13"},
@@ -173,13 +173,13 @@ def test_iommu_split_is_a_warning_by_default(real):
 
 
 def test_unreadable_topology_fails():
-    res = evaluate_gate(parse_topo_matrix("nothing here"))
+    res = evaluate_check(parse_topo_matrix("nothing here"))
     assert kinds(res) == ["topology_unreadable"] and not res["passed"]
 
 
 def test_truncated_capture_reports_unreadable_links(real):
     topo = parse_topo_matrix(real("t09_k8s53497_trailing_spaces_truncated.txt"))
-    res = evaluate_gate(topo, groups=[[4, 5, 6, 7]], worst_link_allowed="SYS")
+    res = evaluate_check(topo, groups=[[4, 5, 6, 7]], worst_link_allowed="SYS")
     assert {p["pair"] for p in res["problems"]} == {"GPU5-GPU6", "GPU5-GPU7", "GPU6-GPU7"}
 
 
@@ -205,9 +205,9 @@ def p2p_matrix(codes):
     return "\n".join(rows) + "\n"
 
 
-def two_socket_gate(codes, **kw):
+def two_socket_check(codes, **kw):
     kw.setdefault("worst_link_allowed", "SYS")
-    return evaluate_gate(
+    return evaluate_check(
         parse_topo_matrix(TWO_SOCKETS),
         p2p_by_mode={"r": parse_p2p_matrix(p2p_matrix(codes))["status"]},
         groups=[{"name": "main", "gpus": [0, 1, 2, 3]}],
@@ -223,14 +223,14 @@ def by_pair(res, kind):
 
 def test_cns_across_sockets_is_the_platform_inside_a_socket_a_setting():
     cross = {(a, b): "CNS" for a in (0, 1) for b in (2, 3)}
-    res = two_socket_gate(cross)
+    res = two_socket_check(cross)
     assert res["passed"]
     product = by_pair(res, "p2p_unsupported_by_product")
     assert set(product) == {"GPU0-GPU2", "GPU0-GPU3", "GPU1-GPU2", "GPU1-GPU3"}
     assert all(p["cause_class"] == "product" and p["severity"] == "warning" for p in product.values())
     assert "CNS (chipset not supported)" in product["GPU0-GPU2"]["summary"]
     assert "socket interconnect" in product["GPU0-GPU2"]["summary"]
-    inside = two_socket_gate({**cross, (0, 1): "CNS"})
+    inside = two_socket_check({**cross, (0, 1): "CNS"})
     (blocked,) = by_pair(inside, "p2p_not_supported").values()
     assert blocked["pair"] == "GPU0-GPU1" and blocked["cause_class"] == "fixable" and blocked["severity"] == "error"
     assert "disable ACS" in blocked["fix"] and not inside["passed"]
@@ -241,7 +241,7 @@ def test_cns_across_sockets_is_the_platform_inside_a_socket_a_setting():
     [("TNS", "layout", "move the cards"), ("DR", "fixable", "NVreg_"), ("NS", "fixable", "iommu=pt")],
 )
 def test_other_p2p_codes_inside_a_socket_fail_with_their_fix(code, cause_class, fix_words):
-    res = two_socket_gate({(2, 3): code})
+    res = two_socket_check({(2, 3): code})
     (p,) = [p for p in res["problems"] if p["kind"].startswith("p2p_")]
     assert not res["passed"]
     assert (p["kind"], p["pair"], p["cause_class"], p["severity"]) == (
@@ -254,14 +254,14 @@ def test_other_p2p_codes_inside_a_socket_fail_with_their_fix(code, cause_class, 
 
 
 def test_tns_across_sockets_is_the_platform():
-    res = two_socket_gate({(1, 2): "TNS"})
+    res = two_socket_check({(1, 2): "TNS"})
     (p,) = [p for p in res["problems"] if p["kind"].startswith("p2p_")]
     assert res["passed"]
     assert p["kind"] == "p2p_unsupported_by_product" and p["cause_class"] == "product"
 
 
 def test_a_pair_missing_from_the_p2p_matrix_is_missing_evidence():
-    res = evaluate_gate(
+    res = evaluate_check(
         parse_topo_matrix(TWO_SOCKETS),
         p2p_by_mode={"r": {"GPU0-GPU1": "OK"}},
         groups=[[0, 1, 2]],
@@ -281,13 +281,13 @@ def test_acs_and_iommu_are_informational_where_the_product_has_no_p2p(lspci_vvv_
         iommu_groups={"0000:02:00.0": "12", "0000:41:00.0": "30"},
         fail_on=DEFAULT_FAIL_ON + ("iommu_split",),
     )
-    capable = evaluate_gate(topo, p2p_by_mode={"r": {"GPU0-GPU1": "OK"}}, **kw)
+    capable = evaluate_check(topo, p2p_by_mode={"r": {"GPU0-GPU1": "OK"}}, **kw)
     assert not capable["passed"]
     assert {(p["kind"], p["cause_class"], p["severity"]) for p in capable["problems"]} == {
         ("acs_redirect", "fixable", "error"),
         ("iommu_split", "fixable", "error"),
     }
-    geforce = evaluate_gate(topo, p2p_by_mode={"r": {"GPU0-GPU1": "GNS"}}, **kw)
+    geforce = evaluate_check(topo, p2p_by_mode={"r": {"GPU0-GPU1": "GNS"}}, **kw)
     assert geforce["passed"]
     assert {(p["kind"], p["cause_class"], p["severity"]) for p in geforce["problems"]} == {
         ("acs_redirect", "informational", "warning"),
@@ -295,7 +295,7 @@ def test_acs_and_iommu_are_informational_where_the_product_has_no_p2p(lspci_vvv_
     }
     assert all("offers no P2P on these pairs" in p["cause"] for p in geforce["problems"])
     # NCCL_P2P_DISABLE is ours to remove: it fails even where the product has no P2P today
-    env = evaluate_gate(
+    env = evaluate_check(
         topo, p2p_by_mode={"r": {"GPU0-GPU1": "GNS"}}, env_by_file={"/etc/environment": {"NCCL_P2P_DISABLE": "1"}}
     )
     (p,) = env["problems"]
@@ -305,7 +305,7 @@ def test_acs_and_iommu_are_informational_where_the_product_has_no_p2p(lspci_vvv_
 def test_iommu_split_between_nvlinked_gpus_is_informational(real):
     topo = parse_topo_matrix(real("t08_vllm13855_dgx_h100_merged_cells_truncated.txt"))
     bus = [f"0000:{b}:00.0" for b in ("18", "2a", "3a", "5d", "9a", "ab", "ba", "db")]
-    res = evaluate_gate(
+    res = evaluate_check(
         topo,
         groups=[list(range(8))],
         worst_link_allowed="NV",
@@ -330,9 +330,9 @@ def test_every_kind_and_class_is_documented():
 
 def test_unreadable_link_counts_as_the_worst_link():
     topo = {"found": True, "gpu_count": 3, "links": {"GPU0-GPU1": None, "GPU0-GPU2": "PIX", "GPU1-GPU2": "PIX"}}
-    (verdict,) = evaluate_gate(topo, worst_link_allowed="SYS")["verdicts"]
+    (verdict,) = evaluate_check(topo, worst_link_allowed="SYS")["verdicts"]
     assert (verdict["worst_link"], verdict["worst_pair"]) == (None, "GPU0-GPU1")
-    (p,) = evaluate_gate(topo, worst_link_allowed="SYS")["problems"]
+    (p,) = evaluate_check(topo, worst_link_allowed="SYS")["problems"]
     assert p["kind"] == "link_worse_than_allowed" and p["cause_class"] == "evidence"
 
 
@@ -374,7 +374,7 @@ def test_pairs_text_is_short_and_deterministic(pairs, text):
 
 def test_format_problems_one_line_per_instance_and_kind(real):
     topo = parse_topo_matrix(real("t01_go_gpuallocator_8x4090_sys_nics.txt"))
-    res = evaluate_gate(
+    res = evaluate_check(
         topo,
         expected_gpus=9,
         groups=[{"name": "left", "gpus": [0, 1, 2, 3]}, {"name": "wide", "gpus": [2, 3, 4, 5, 9]}],

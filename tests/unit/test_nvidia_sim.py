@@ -581,7 +581,7 @@ def _with_stdin(h, args, text, **env):
 
 
 def test_nvpmodel_asks_for_a_reboot_like_the_real_one(host):
-    """MAXN -> 90W on a Thor gates GPU partitions: the prompt, refused unless YES (tests/fixtures/jetson)."""
+    """MAXN -> 90W on a Thor power-gates GPU partitions: the prompt, refused unless YES (tests/fixtures/jetson)."""
     h = host("jetson-thor")
     real = (ROOT / "tests/fixtures/jetson/nvpmodel/m-thor-90w-declined.txt").read_text().splitlines()
     declined = _with_stdin(h, ["-m", "2"], "no\n")

@@ -72,11 +72,12 @@ def test_a_stage_a_run_never_finished_is_named():
 
 
 def test_failure_in_this_run_names_the_stage_and_why():
-    this_run = {"driver": passed(), "topology": {"status": "failed", "msg": "GPU topology gate failed", "task": "Gate"}}
+    failed = {"status": "failed", "msg": "GPU topology check failed", "task": "Check"}
+    this_run = {"driver": passed(), "topology": failed}
     entry = rigops_report.rig_report("rig", this_run, {}, SUMMARIES, STAGES)
     assert entry["status"] == "failed in topology"
-    assert entry["reason"] == "Gate: GPU topology gate failed"
-    assert rigops_report.report_line(entry).endswith("| why: Gate: GPU topology gate failed")
+    assert entry["reason"] == "Check: GPU topology check failed"
+    assert rigops_report.report_line(entry).endswith("| why: Check: GPU topology check failed")
 
 
 def test_preflight_refusal_unreachable_and_stopped_rigs():

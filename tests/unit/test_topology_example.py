@@ -1,4 +1,4 @@
-"""The example inventory's rigs through the gate, with the sandbox emulator as their nvidia-smi.
+"""The example inventory's rigs through the topology check, with the sandbox emulator as their nvidia-smi.
 
 inventories/example ships two rig groups: rtx5090 (8x RTX 5090, one instance on GPUs 0-7,
 tensor parallel 8) and h100 (8x H100, two instances of four GPUs). Each runs here against
@@ -107,8 +107,8 @@ def role_module_args(group):
     """The gpu_topology module's arguments as the role's task passes them for this group."""
     values = inventory_vars(group)
     tasks = load_yaml(ROLE / "tasks" / "main.yml")
-    (gate,) = [t for t in tasks if "block" in t]
-    (task,) = [t for t in gate["block"] if "rigops.fleet.gpu_topology" in t]
+    (check,) = [t for t in tasks if "block" in t]
+    (task,) = [t for t in check["block"] if "rigops.fleet.gpu_topology" in t]
     instances = values["gpu_topology_instances"]
     args = {}
     for option, template in task["rigops.fleet.gpu_topology"].items():
@@ -129,7 +129,7 @@ def role_module_args(group):
 
 
 @pytest.fixture
-def gate(tmp_path, monkeypatch, run_module):
+def run_check(tmp_path, monkeypatch, run_module):
     """Run the module on a simulated rig of ``profile_data`` with the example group's arguments."""
     count = [0]
 
@@ -176,8 +176,8 @@ def test_example_inventory_is_what_these_tests_read():
     assert h100["worst_link_allowed"] == "NODE" and h100["require_p2p"] is True
 
 
-def test_example_5090_rig_passes_on_the_stock_driver_with_the_cost_explained(gate):
-    failed, result, _ = gate("rtx5090", profile("rtx5090x8"))
+def test_example_5090_rig_passes_on_the_stock_driver_with_the_cost_explained(run_check):
+    failed, result, _ = run_check("rtx5090", profile("rtx5090x8"))
     assert not failed, result.get("msg")
     assert result["passed"] and result["gpus"] == 8 and result["worst_link"] == "SYS"
     assert set(result["p2p"].values()) == {"GNS"} and len(result["p2p"]) == 28
@@ -205,8 +205,8 @@ def test_example_5090_rig_passes_on_the_stock_driver_with_the_cost_explained(gat
     assert result["verdicts"][0]["p2p_product_pairs"] == [p["pair"] for p in product]
 
 
-def test_example_5090_instance_passes_on_a_p2p_driver(gate):
-    failed, result, _ = gate("rtx5090", profile("rtx5090x8-p2p"))
+def test_example_5090_instance_passes_on_a_p2p_driver(run_check):
+    failed, result, _ = run_check("rtx5090", profile("rtx5090x8-p2p"))
     assert not failed, result.get("msg")
     assert result["passed"] and result["p2p_ok"] is False
     # P2P inside each socket; CNS only across the two sockets, which no setting changes
@@ -224,8 +224,8 @@ def test_example_5090_instance_passes_on_a_p2p_driver(gate):
     assert all(p["severity"] == "warning" for p in result["problems"])
 
 
-def test_example_h100_rig_passes(gate):
-    failed, result, _ = gate("h100", profile("h100x8"))
+def test_example_h100_rig_passes(run_check):
+    failed, result, _ = run_check("h100", profile("h100x8"))
     assert not failed, result.get("msg")
     assert result["passed"] and result["p2p_ok"] is True and result["worst_link"] == "NV18"
     assert [v["name"] for v in result["verdicts"]] == ["chat", "coder"]
@@ -234,8 +234,8 @@ def test_example_h100_rig_passes(gate):
 
 
 @pytest.mark.parametrize("name", ["rtx5090x8", "rtx5090x8-p2p"])
-def test_nccl_p2p_disable_left_in_the_environment_fails_with_its_fix(gate, name):
-    failed, result, rig = gate("rtx5090", profile(name), environment="NCCL_P2P_DISABLE=1\n")
+def test_nccl_p2p_disable_left_in_the_environment_fails_with_its_fix(run_check, name):
+    failed, result, rig = run_check("rtx5090", profile(name), environment="NCCL_P2P_DISABLE=1\n")
     assert failed and not result["passed"]
     path = rig.path("/etc/environment")
     (line,) = lines_of(result, "nccl_p2p_disabled")
@@ -246,8 +246,8 @@ def test_nccl_p2p_disable_left_in_the_environment_fails_with_its_fix(gate, name)
     assert {p["severity"] for p in by_kind(result, "p2p_unsupported_by_product")} == {"warning"}
 
 
-def test_acs_redirect_fails_where_the_product_does_p2p_and_informs_where_it_does_not(gate):
-    failed, result, _ = gate("rtx5090", profile("rtx5090x8-p2p", acs_redirect=True))
+def test_acs_redirect_fails_where_the_product_does_p2p_and_informs_where_it_does_not(run_check):
+    failed, result, _ = run_check("rtx5090", profile("rtx5090x8-p2p", acs_redirect=True))
     assert failed and not result["passed"]
     acs = by_kind(result, "acs_redirect")
     assert len(acs) == 28
@@ -260,7 +260,7 @@ def test_acs_redirect_fails_where_the_product_does_p2p_and_informs_where_it_does
     assert any(" acs_redirect [error, fixable]: ACS redirects peer traffic" in line for line in error_lines)
     assert all("acs_redirect" in line or "iommu_split" in line for line in error_lines), error_lines
 
-    stock_failed, stock, _ = gate("rtx5090", profile("rtx5090x8", acs_redirect=True))
+    stock_failed, stock, _ = run_check("rtx5090", profile("rtx5090x8", acs_redirect=True))
     assert not stock_failed, stock.get("msg")
     assert {(p["severity"], p["cause_class"]) for p in by_kind(stock, "acs_redirect")} == {("warning", "informational")}
     (line,) = lines_of(stock, "acs_redirect")

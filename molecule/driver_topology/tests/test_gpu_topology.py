@@ -1,4 +1,4 @@
-"""The gate's verdicts, read the way an operator reads them: playbooks/validate.yml."""
+"""The topology check's verdicts, read the way an operator reads them: playbooks/validate.yml."""
 
 import json
 import os
