@@ -166,6 +166,11 @@ CASES = {
             SHAPES,
             'gpu_topology_env_files must be a list such as [a, b], not the string "/etc/environment"',
         ),
+        "the name before 1.0.0": (
+            {"gpu_topology_fail_on_gate": False},
+            "Preflight | No variable under its name before 1.0.0",
+            "gpu_topology_fail_on_gate is now gpu_topology_fail_host",
+        ),
         "no GPU expected": (
             {"gpu_topology_expected_gpus": 0},
             CONSISTENT,
