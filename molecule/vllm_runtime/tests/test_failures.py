@@ -26,7 +26,7 @@ def play(*extra):
 
 def lock_line(name):
     """The lock's entry for ``name`` as one requirement line (name==version --hash=...)."""
-    lock = (Path(__file__).resolve().parents[3] / "sandbox" / "wheelhouse" / "cpu.lock").read_text()
+    lock = (Path(__file__).resolve().parents[3] / "lab" / "sandbox" / "wheelhouse" / "cpu.lock").read_text()
     m = re.search(rf"^({re.escape(name)}==\S+)\s*\\\s*\n\s*(--hash=sha256:[0-9a-f]{{64}})", lock, re.M)
     assert m, name
     return f"{m.group(1)} {m.group(2)}"
