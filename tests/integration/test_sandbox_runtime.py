@@ -295,7 +295,7 @@ def _free_port() -> int:
 
 def _rss_kib(pid: int) -> int:
     """RSS of a process and its descendants: the benchmark's own measure, reused."""
-    bench_file = Path(__file__).resolve().parents[2] / "benchmarks" / "sandbox_runtime.py"
+    bench_file = Path(__file__).resolve().parents[2] / "lab" / "measure" / "sandbox_runtime.py"
     spec = importlib.util.spec_from_file_location("sandbox_runtime_bench", bench_file)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
