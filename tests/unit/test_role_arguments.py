@@ -533,7 +533,7 @@ TASKS_FROM = re.compile(r"tasks_from[\"']?\s*[:=]\s*[\"']?([\w.-]+)")
 def entries_used():
     """(file, role, tasks_from) of every include_role/import_role with tasks_from in the project."""
     used = []
-    for folder in ("playbooks", "tools", "tests", "benchmarks", "molecule", "roles", "site.yml"):
+    for folder in ("playbooks", "lab", "tests", "molecule", "roles", "site.yml"):
         base = ROOT / folder
         for path in [base] if base.is_file() else sorted(base.rglob("*")):
             if path.suffix not in (".yml", ".yaml", ".py") or path.name == Path(__file__).name:
