@@ -6,6 +6,7 @@ The emulator's layouts are checked against the shapes of real captures.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -699,3 +700,244 @@ def test_emulated_topology_reads_like_a_real_capture(host, profile):
     assert topo["columns"] == parse_topo_matrix(REAL_CAPTURE)["columns"]
     p2p = parse_p2p_matrix(h.smi("topo", "-p2p", "r").stdout)
     assert p2p["found"] and p2p["warnings"] == []
+
+
+# --------------------------------------------------------------------------- faults (nvidia-sim-fault)
+def _xml_gpus(h: Host, *args: str) -> list[ET.Element]:
+    r = h.smi("-q", "-x", *args)
+    assert r.returncode == 0, r.stdout
+    return ET.fromstring(r.stdout.split("\n", 2)[2]).findall("gpu")
+
+
+def _xml_gpu(h: Host, bus_id: str) -> ET.Element:
+    return next(g for g in _xml_gpus(h) if g.get("id") == bus_id)
+
+
+def _fault(h: Host, *args: str) -> subprocess.CompletedProcess:
+    return h.tool("nvidia-sim-fault", *args)
+
+
+def _kern(h: Host) -> list[str]:
+    path = h.path("/var/log/nvidia-sim/kern.log")
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def _healthy(g: ET.Element) -> None:
+    reasons = g.find("clocks_event_reasons")
+    assert [c.tag for c in reasons][:6] == [
+        "clocks_event_reason_gpu_idle",
+        "clocks_event_reason_applications_clocks_setting",
+        "clocks_event_reason_sw_power_cap",
+        "clocks_event_reason_hw_slowdown",
+        "clocks_event_reason_hw_thermal_slowdown",
+        "clocks_event_reason_hw_power_brake_slowdown",
+    ]
+    assert {c.text for c in reasons if c.tag != "clocks_event_reason_gpu_idle"} == {"Not Active"}
+    assert g.findtext("clocks_event_reasons/clocks_event_reason_gpu_idle") == "Active"  # idle, like a real GPU
+    assert g.findtext("pci/pci_gpu_link_info/link_widths/max_link_width") == "16x"
+    assert g.findtext("pci/pci_gpu_link_info/link_widths/current_link_width") == "16x"
+    assert g.findtext("pci/pci_gpu_link_info/pcie_gen/max_link_gen") == "5"
+    assert g.findtext("pci/pci_gpu_link_info/pcie_gen/current_link_gen") == "1"  # idle: gen 1
+
+
+def test_health_sections_in_real_order(host):
+    """Healthy by default; element names and order as in real -q -x captures of driver 5xx."""
+    h = host("h100x8", ready=True)
+    g = _xml_gpus(h)[0]
+    tags = [c.tag for c in g]
+    order = ["pci", "performance_state", "clocks_event_reasons", "fb_memory_usage", "utilization", "ecc_mode"]
+    order += ["ecc_errors", "retired_pages", "remapped_rows", "temperature"]
+    assert [t for t in tags if t in order] == order
+    _healthy(g)
+    assert [c.tag for c in g.find("ecc_errors/volatile")] == [
+        "sram_correctable",
+        "sram_uncorrectable_parity",
+        "sram_uncorrectable_secded",
+        "dram_correctable",
+        "dram_uncorrectable",
+    ]
+    assert g.findtext("ecc_errors/aggregate/sram_threshold_exceeded") == "No"
+    assert {e.text for e in g.iter() if e.tag.startswith(("dram_", "sram_")) and len(e) == 0} <= {"0", "No"}
+    assert g.findtext("ecc_mode/current_ecc") == "Enabled"
+    assert g.findtext("retired_pages/double_bit_retirement/retired_count") == "N/A"  # Hopper remaps rows
+    assert [c.tag for c in g.find("remapped_rows")] == [
+        "remapped_row_corr",
+        "remapped_row_unc",
+        "remapped_row_pending",
+        "remapped_row_failure",
+        "row_remapper_histogram",
+    ]
+    assert g.findtext("remapped_rows/remapped_row_pending") == "No"
+    geforce = _xml_gpus(host("rtx5090x2", ready=True))[0]
+    assert geforce.findtext("ecc_mode/current_ecc") == "N/A"
+    assert geforce.findtext("ecc_errors/volatile/dram_uncorrectable") == "N/A"
+    q = h.smi("-q", "-i", "0").stdout
+    assert "\n    Clocks Event Reasons\n        Idle                              : Active\n" in q
+    assert "\n            HW Thermal Slowdown           : Not Active\n" in q
+    assert "\n    Remapped Rows\n        Correctable Error                 : 0\n" in q
+
+
+def test_fault_xid79_falls_off_the_bus(host):
+    h = host("h100x8", ready=True)
+    assert _kern(h) == []
+    r = _fault(h, "set", "13:00.0", "xid79")
+    assert r.returncode == 0, r.stderr
+    gpus = _xml_gpus(h)
+    assert len(gpus) == 7 and "00000000:13:00.0" not in {g.get("id") for g in gpus}
+    xml = h.smi("-q", "-x").stdout
+    assert "<attached_gpus>7</attached_gpus>" in xml
+    assert h.smi("--query-gpu=count", "--format=csv,noheader", "-i", "0").stdout == "7\n"
+    lines = h.smi("-L").stdout.splitlines()
+    assert len(lines) == 7 and lines[0].startswith("GPU 0: ")  # indices shift, as NVML renumbers
+    assert h.smi("--query-gpu=pci.bus_id", "--format=csv,noheader", "-i", "0").stdout == "00000000:14:00.0\n"
+    for ident in ("00000000:13:00.0", "0000:13:00.0", "13:00.0"):
+        r = h.smi("-i", ident, "-q")
+        assert r.returncode == 6 and r.stdout == "No devices were found\n"
+    assert len(_topo(h.smi("topo", "-m").stdout)[1]) == 7 + 4
+    kern = _kern(h)
+    assert len(kern) == 4
+    assert kern[2].endswith(
+        " kernel: NVRM: Xid (PCI:0000:13:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+    )
+    assert kern[0].split(" kernel: ")[1].startswith("NVRM: GPU at PCI:0000:13:00: GPU-")
+    assert kern[3].endswith("kernel: NVRM: GPU 0000:13:00.0: GPU has fallen off the bus.")
+    assert len(kern[2].split(" kernel: ")[0].split()) == 4  # Mon DD HH:MM:SS HOSTNAME
+    listed = json.loads(_fault(h, "list").stdout)
+    assert listed == [
+        {"bus_id": "00000000:13:00.0", "uuid": listed[0]["uuid"], "index": None, "kind": "xid79", "value": None}
+    ]
+    # an operator's reset / reseat: back in nvidia-smi, no new kernel line, the old ones stay
+    r = _fault(h, "clear", "00000000:13:00.0")
+    assert r.returncode == 0, r.stderr
+    assert len(_xml_gpus(h)) == 8
+    assert _kern(h) == kern
+    h.reboot()
+    assert _kern(h) == []  # a new boot, a new kernel log
+
+
+def test_fault_xid48_row_remapping_and_page_retirement(host):
+    h = host("h100x8", ready=True)
+    bus = "00000000:43:00.0"
+    assert _fault(h, "set", "2", "xid48", "--value", "3").returncode == 0
+    g = _xml_gpu(h, bus)
+    assert g.findtext("ecc_errors/volatile/dram_uncorrectable") == "3"
+    assert g.findtext("ecc_errors/aggregate/dram_uncorrectable") == "3"
+    assert g.findtext("remapped_rows/remapped_row_unc") == "3"
+    assert g.findtext("remapped_rows/remapped_row_pending") == "Yes"
+    assert g.findtext("remapped_rows/remapped_row_failure") == "No"
+    assert _xml_gpu(h, "00000000:13:00.0").findtext("ecc_errors/volatile/dram_uncorrectable") == "0"
+    q = "ecc.errors.uncorrected.volatile.total,ecc.errors.uncorrected.aggregate.total,remapped_rows.pending"
+    assert h.smi(f"--query-gpu={q}", "--format=csv,noheader", "-i", bus).stdout == "3, 3, Yes\n"
+    kern = _kern(h)
+    xids = [ln.split("NVRM: Xid (PCI:0000:43:00): ")[1] for ln in kern if "NVRM: Xid" in ln]
+    assert [x.split(",")[0] for x in xids] == ["48", "63"] * 3
+    assert xids[0].startswith(
+        "48, pid='<unknown>', name=<unknown>, An uncorrectable double bit error (DBE) has been detected on GPU "
+        "in the framebuffer at physAddr 0x"
+    )
+    assert xids[1].endswith("marked for remapping, reset gpu to activate.")
+    assert "|                    3 |" in h.smi("-i", "2").stdout  # Volatile Uncorr. ECC column
+    # GPU reset: volatile counts go, the remap takes effect, the lifetime figures stay
+    assert _fault(h, "clear", bus, "xid48").returncode == 0
+    g = _xml_gpu(h, bus)
+    assert g.findtext("ecc_errors/volatile/dram_uncorrectable") == "0"
+    assert g.findtext("ecc_errors/aggregate/dram_uncorrectable") == "3"
+    assert g.findtext("remapped_rows/remapped_row_pending") == "No"
+    assert g.findtext("remapped_rows/remapped_row_unc") == "3"
+    assert _kern(h) == kern
+    h.reboot()
+    assert _xml_gpu(h, bus).findtext("ecc_errors/aggregate/dram_uncorrectable") == "3"  # InfoROM survives
+    # before Ampere: page retirement instead of row remapping, one sram_uncorrectable
+    data = yaml.safe_load((PROFILES / "h100x8.yaml").read_text())
+    data["gpu_model"].update(architecture="Volta", name="Tesla V100-SXM2-32GB")
+    v = host(data, ready=True)
+    assert _fault(v, "set", "0", "xid48").returncode == 0
+    g = _xml_gpus(v)[0]
+    assert [c.tag for c in g.find("ecc_errors/volatile")] == [
+        "sram_correctable",
+        "sram_uncorrectable",
+        "dram_correctable",
+        "dram_uncorrectable",
+    ]
+    assert g.findtext("ecc_errors/volatile/dram_uncorrectable") == "1"
+    assert g.findtext("retired_pages/double_bit_retirement/retired_count") == "1"
+    assert g.findtext("retired_pages/pending_retirement") == "Yes"
+    assert g.findtext("retired_pages/pending_blacklist") == "Yes"
+    assert g.findtext("remapped_rows") == "N/A"
+    assert [ln.split(": Xid (PCI:0000:13:00): ")[1][:2] for ln in _kern(v) if ": Xid " in ln] == ["48"]
+    assert "        Pending Page Blacklist            : Yes\n" in v.smi("-q", "-i", "0").stdout
+
+
+@pytest.mark.parametrize(
+    ("kind", "reason", "temp"),
+    [
+        ("thermal", "clocks_event_reason_hw_thermal_slowdown", "92 C"),
+        ("power_brake", "clocks_event_reason_hw_power_brake_slowdown", "30 C"),
+    ],
+)
+def test_fault_slowdowns(host, kind, reason, temp):
+    h = host("h100x8", ready=True)
+    assert _fault(h, "set", "GPU-e4f47307-f423-5559-9310-5845544a0be5".upper(), kind).returncode == 0
+    g = _xml_gpus(h)[0]
+    active = {c.tag for c in g.find("clocks_event_reasons") if c.text == "Active"}
+    assert active == {"clocks_event_reason_gpu_idle", "clocks_event_reason_hw_slowdown", reason}
+    assert g.findtext("temperature/gpu_temp") == temp
+    q = "clocks_event_reasons.hw_slowdown,clocks_event_reasons.hw_thermal_slowdown,"
+    q += "clocks_event_reasons.hw_power_brake_slowdown,clocks_event_reasons.active"
+    row = h.smi(f"--query-gpu={q}", "--format=csv,noheader", "-i", "0").stdout.strip().split(", ")
+    assert row[0] == "Active" and row[1 if kind == "thermal" else 2] == "Active"
+    assert row[3] == ("0x0000000000000049" if kind == "thermal" else "0x0000000000000089")
+    assert _xml_gpus(h)[1].findtext("clocks_event_reasons/clocks_event_reason_hw_slowdown") == "Not Active"
+    assert _kern(h) == []  # slowdowns are not Xids
+    assert _fault(h, "clear", "0", kind).returncode == 0
+    _healthy(_xml_gpus(h)[0])
+    if kind == "thermal":
+        assert _fault(h, "set", "1", "thermal", "--value", "97").returncode == 0
+        assert _xml_gpus(h)[1].findtext("temperature/gpu_temp") == "97 C"
+
+
+def test_fault_link_x8_keeps_max_and_idle_gen(host):
+    h = host("h100x8", ready=True)
+    fields = "pcie.link.width.current,pcie.link.width.max,pcie.link.gen.current,pcie.link.gen.max"
+    assert h.smi(f"--query-gpu={fields}", "--format=csv,noheader", "-i", "0").stdout == "16, 16, 1, 5\n"
+    assert _fault(h, "set", "0", "link_x8").returncode == 0
+    g = _xml_gpus(h)[0]
+    assert g.findtext("pci/pci_gpu_link_info/link_widths/current_link_width") == "8x"
+    assert g.findtext("pci/pci_gpu_link_info/link_widths/max_link_width") == "16x"
+    assert g.findtext("pci/pci_gpu_link_info/pcie_gen/current_link_gen") == "1"
+    assert g.findtext("pci/pci_gpu_link_info/pcie_gen/max_link_gen") == "5"
+    assert h.smi(f"--query-gpu={fields}", "--format=csv,noheader", "-i", "0").stdout == "8, 16, 1, 5\n"
+    h.path("/run/nvidia-sim/usage.yaml").write_text("'0': {memory_used_mib: 27000, utilization_gpu: 97}\n")
+    assert h.smi(f"--query-gpu={fields}", "--format=csv,noheader", "-i", "0").stdout == "8, 16, 5, 5\n"
+    lspci = h.tool("lspci", "-vvv", "-s", "13:00.0").stdout
+    assert "LnkCap:\tPort #0, Speed 32GT/s, Width x16" in lspci and "Width x8 (downgraded)" in lspci
+    assert _fault(h, "clear").returncode == 0
+    assert json.loads(_fault(h, "list").stdout) == []
+    assert _xml_gpus(h)[0].findtext("pci/pci_gpu_link_info/link_widths/current_link_width") == "16x"
+
+
+def test_fault_bad_arguments_change_nothing(host):
+    h = host("rtx5090x2", ready=True)
+    state = h.path("/run/nvidia-sim/faults.json")
+    cases = [
+        (("set", "7", "xid79"), "no GPU '7'"),
+        (("set", "GPU-nope", "thermal"), "give an index, a bus id"),
+        (("set", "0", "xid99"), "one of: xid79, xid48, link_x8, thermal, power_brake"),
+        (("set", "0", "xid48"), "has no ECC memory"),  # GeForce: no ECC, no DBE
+        (("set", "0", "link_x8", "--value", "4"), "link_x8 takes no --value"),
+        (("set", "0", "thermal", "--value", "hot"), "whole number"),
+        (("clear", "0", "bogus"), "one of: xid79"),
+        (("frobnicate",), "usage: nvidia-sim-fault set GPU KIND"),
+    ]
+    for args, msg in cases:
+        r = _fault(h, *args)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        assert msg in r.stderr, (args, r.stderr)
+        assert not state.exists() or json.loads(state.read_text()).get("gpus") == {}
+    assert _kern(h) == []
+    assert len(_xml_gpus(h)) == 2
+    assert _fault(h, "set", "1", "xid79").returncode == 0
+    r = _fault(h, "set", "02:00.0", "thermal")  # a GPU off the bus takes no other fault
+    assert r.returncode == 2 and "has fallen off the bus (xid79); clear it first" in r.stderr
+    r = _fault(h, "set", "1", "thermal")  # the index 1 is gone with it
+    assert r.returncode == 2 and "nvidia-smi now shows: 0=00000000:01:00.0" in r.stderr

@@ -1,8 +1,9 @@
 """Stand-ins for the kernel-facing commands a container cannot run for real.
 
 Each ``*_main(argv) -> int`` is one command: lspci, modprobe, lsmod, rmmod, modinfo,
-update-initramfs, mokutil, nvpmodel, jetson_clocks, tegrastats, and the boot-time module loading
-of ``nvidia-sim-boot``. ``lab/sandbox/hardware/bin/<command>`` dispatches here.
+update-initramfs, mokutil, nvpmodel, jetson_clocks, tegrastats, the boot-time module loading
+of ``nvidia-sim-boot``, and the sandbox's fault injection ``nvidia-sim-fault`` (nvsim.faults).
+``lab/sandbox/hardware/bin/<command>`` dispatches here.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import subprocess
 import sys
 import time
 
-from . import kmod, paths
+from . import faults, kmod, paths
 from .profile import CLASS_NAMES, PciDev, Profile, load_or_none
 
 
@@ -177,12 +178,15 @@ def lspci_main(argv: list[str]) -> int:
                     out.append("\tCapabilities: <access denied>")
                 else:
                     speed, _, width = (d.link or "32GT/s x16").partition(" ")
+                    width_now = width
+                    if d.extra.get("gpu") and "link_x8" in faults.active().get(d.bdf, {}):
+                        width_now = "x8 (downgraded)"
                     out.append(f"\tCapabilities: [68] Express (v2) {_express_type(d)}, MSI 00")
                     if verbose >= 2:
                         out.append(
                             f"\t\tLnkCap:\tPort #0, Speed {speed}, Width {width}, ASPM L1, Exit Latency L1 unlimited"
                         )
-                        out.append(f"\t\tLnkSta:\tSpeed {speed}, Width {width}")
+                        out.append(f"\t\tLnkSta:\tSpeed {speed}, Width {width_now}")
                     if d.acs_ctl is not None:
                         out.append("\tCapabilities: [2a0 v1] Access Control Services")
                         if verbose >= 2:
@@ -739,6 +743,7 @@ def _udev_wants_persistenced() -> bool:
 
 
 def boot_main(argv: list[str]) -> int:
+    faults.clear_kernel_log()  # a new boot, a new kernel ring buffer
     rc = boot(start_services="--no-services" not in argv)
     with open(paths.p(os.path.join(paths.RUN, "booted")), "w", encoding="utf-8") as fh:
         fh.write(time.strftime("%Y-%m-%dT%H:%M:%SZ\n", time.gmtime()))
@@ -757,6 +762,7 @@ COMMANDS = {
     "jetson_clocks": jetson_clocks_main,
     "tegrastats": tegrastats_main,
     "nvidia-sim-boot": boot_main,
+    "nvidia-sim-fault": faults.main,
 }
 
 

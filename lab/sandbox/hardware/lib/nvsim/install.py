@@ -35,6 +35,7 @@ TOOLS = {
     "update-initramfs": "/usr/sbin/update-initramfs",
     "mokutil": "/usr/bin/mokutil",
     "nvidia-sim-boot": "/usr/sbin/nvidia-sim-boot",
+    "nvidia-sim-fault": "/usr/sbin/nvidia-sim-fault",
 }
 JETSON_TOOLS = {
     "nvpmodel": "/usr/sbin/nvpmodel",

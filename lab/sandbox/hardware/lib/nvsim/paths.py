@@ -27,6 +27,7 @@ JETSON_CLOCKS = "/run/nvidia-sim/jetson_clocks.json"
 # nvpmodel: the mode set since boot (a reboot clears it and the status file applies again)
 NVPMODEL_ACTIVE = "/run/nvidia-sim/nvpmodel-active"
 BOOT_LOG = "/run/nvidia-sim/boot.log"
+FAULTS = "/run/nvidia-sim/faults.json"  # faults in effect (nvidia-sim-fault); a reboot clears them
 # The real daemon's PID file and directory.
 PERSISTENCED_DIR = "/run/nvidia-persistenced"
 PERSISTENCED_PID = "/run/nvidia-persistenced/nvidia-persistenced.pid"
@@ -35,6 +36,9 @@ VAR_LIB = "/var/lib/nvidia-sim"
 INITRAMFS_SNAPSHOT = "/var/lib/nvidia-sim/initramfs/modprobe.d"  # blacklist seen by early boot
 INITRAMFS_LOG = "/var/log/nvidia-sim/initramfs.log"
 NVPMODEL_STATUS = "/var/lib/nvpmodel/status"
+ECC_AGGREGATE = "/var/lib/nvidia-sim/ecc-aggregate.json"  # lifetime ECC counts, remapped rows (InfoROM)
+# The kernel's Xid lines (NVRM), in `journalctl -k` short format; nvidia-sim-boot empties it.
+KERNEL_LOG = "/var/log/nvidia-sim/kern.log"
 # Real configuration the tools honour.
 MODPROBE_D = ("/etc/modprobe.d", "/usr/lib/modprobe.d", "/lib/modprobe.d", "/run/modprobe.d")
 MODULES_LOAD_D = ("/etc/modules-load.d", "/usr/lib/modules-load.d", "/run/modules-load.d")

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import kmod, persistence
+from . import faults, kmod, persistence
 from .profile import P2P_CAPS, Gpu, Profile, ProfileError, load
 
 CUDA_BY_BRANCH = {"570": "12.8", "575": "12.9", "580": "13.0", "590": "13.1", "595": "13.2"}
@@ -95,6 +95,14 @@ class Ctx:
         )
         self.cuda_version = package.get("cuda_version") or CUDA_BY_BRANCH.get(self.driver_version.split(".")[0], "13.2")
         self.usage = _read_usage()
+        self.refresh_faults()
+
+    def refresh_faults(self) -> None:
+        self.faults = faults.active()
+        self.ecc_aggregate = faults.aggregates()
+
+    def fault(self, g: Gpu, kind: str) -> dict[str, Any] | None:
+        return self.faults.get(g.bdf, {}).get(kind)
 
     def used_mib(self, g: Gpu) -> int:
         u = self.usage.get(g.bus_id) or self.usage.get(str(g.index)) or {}
@@ -265,6 +273,7 @@ def open_driver(package: dict[str, Any]) -> Ctx:
         raise SmiExit(9, NOT_LOADED) from None
     if not kmod.autoload_nvidia(prof):
         raise SmiExit(9, NOT_LOADED)
+    faults.apply(prof)  # GPUs that fell off the bus (nvidia-sim-fault xid79) are not enumerated
     ctx = Ctx(prof, package)
     loaded = kmod.loaded_driver_version()
     if package.get("driver_version") and loaded and loaded != package["driver_version"]:
@@ -291,6 +300,102 @@ def _power(g: Gpu, ctx: Ctx) -> float:
 
 def _pstate(g: Gpu, ctx: Ctx) -> str:
     return "P0" if ctx.util(g) or ctx.used_mib(g) > 100 else g.get("pstate_idle", "P8")
+
+
+# ---------------------------------------------------------------- health (nvidia-sim-fault)
+# clocks event reasons in nvidia-smi -q order: (XML tag suffix, -q label, --query-gpu suffix, NVML bit)
+EVENT_REASONS = (
+    ("gpu_idle", "Idle", "gpu_idle", 0x1),
+    ("applications_clocks_setting", "Applications Clocks Setting", "applications_clocks_setting", 0x2),
+    ("sw_power_cap", "SW Power Cap", "sw_power_cap", 0x4),
+    ("hw_slowdown", "HW Slowdown", "hw_slowdown", 0x8),
+    ("hw_thermal_slowdown", "    HW Thermal Slowdown", "hw_thermal_slowdown", 0x40),
+    ("hw_power_brake_slowdown", "    HW Power Brake Slowdown", "hw_power_brake_slowdown", 0x80),
+    ("sync_boost", "Sync Boost", "sync_boost", 0x10),
+    ("sw_thermal_slowdown", "SW Thermal Slowdown", "sw_thermal_slowdown", 0x20),
+    ("display_clocks_setting", "Display Clock Setting", "display_clock_setting", 0x100),
+)
+
+
+def event_reasons(g: Gpu, ctx: Ctx) -> dict[str, bool]:
+    thermal, brake = ctx.fault(g, "thermal") is not None, ctx.fault(g, "power_brake") is not None
+    return {
+        "gpu_idle": not ctx.util(g),
+        "hw_slowdown": thermal or brake,
+        "hw_thermal_slowdown": thermal,
+        "hw_power_brake_slowdown": brake,
+    }
+
+
+def _reasons_mask(g: Gpu, ctx: Ctx) -> str:
+    on = event_reasons(g, ctx)
+    return f"0x{sum(bit for tag, _, _, bit in EVENT_REASONS if on.get(tag)):016x}"
+
+
+def temperature(g: Gpu, ctx: Ctx) -> int:
+    hot = ctx.fault(g, "thermal")
+    if hot is not None:
+        return int(hot.get("value", 92))
+    return int(g.get("temp_idle_c", 32)) + ctx.util(g) // 3
+
+
+def link_width(g: Gpu, ctx: Ctx) -> int:
+    return 8 if ctx.fault(g, "link_x8") is not None else int(g.get("pcie_width", 16))
+
+
+def link_gen(g: Gpu, ctx: Ctx) -> int:
+    """Idle GPUs train the link down to gen 1, as real ones do to save power."""
+    return int(g.get("pcie_gen", 5)) if ctx.util(g) else 1
+
+
+def host_gen(g: Gpu, ctx: Ctx) -> int:
+    """The root port's max generation (profile pcie_host_gen; the GPU's max when not given)."""
+    return int(g.get("pcie_host_gen", g.get("pcie_gen", 5)))
+
+
+def ecc(g: Gpu, ctx: Ctx) -> dict[str, Any]:
+    """ECC figures: volatile (since the last reset) and aggregate DRAM uncorrectable counts, the
+    row remapper (Ampere and later) or page retirement (earlier), N/A without ECC."""
+    if not faults.has_ecc(g):
+        return {"mode": "N/A", "volatile": "N/A", "aggregate": "N/A", "remap": faults.row_remapping(g), "ecc": False}
+    vol = int((ctx.fault(g, "xid48") or {}).get("value", 0))
+    agg = ctx.ecc_aggregate.get(g.bdf, {"dbe": 0, "rows": 0, "pages": 0})
+    return {
+        "mode": "Enabled",
+        "volatile": vol,
+        "aggregate": agg["dbe"],
+        "rows": agg["rows"],
+        "pages": agg["pages"],
+        "pending": vol > 0,  # remaps/retirements take effect at the next GPU reset or reboot
+        "remap": faults.row_remapping(g),
+        "ecc": True,
+    }
+
+
+def _yes(b: bool) -> str:
+    return "Yes" if b else "No"
+
+
+def _remap_field(key: str) -> Callable[[Gpu, Ctx], Any]:
+    def fn(g: Gpu, c: Ctx) -> Any:
+        e = ecc(g, c)
+        if not e["remap"]:
+            return "N/A"
+        return {"correctable": 0, "uncorrectable": e.get("rows", 0), "pending": _yes(e.get("pending", False))}.get(
+            key, "No"
+        )
+
+    return fn
+
+
+def _retired_field(key: str) -> Callable[[Gpu, Ctx], Any]:
+    def fn(g: Gpu, c: Ctx) -> Any:
+        e = ecc(g, c)
+        if e["remap"] or not e["ecc"]:
+            return "N/A"
+        return {"single_bit_ecc.count": 0, "double_bit.count": e["pages"], "pending": _yes(e["pending"])}[key]
+
+    return fn
 
 
 FIELDS: dict[str, tuple[str, str, Callable[[Gpu, Ctx], Any]]] = {}
@@ -336,7 +441,7 @@ _field(
 )
 _field(("utilization.gpu",), "utilization.gpu", "%", lambda g, c: c.util(g))
 _field(("utilization.memory",), "utilization.memory", "%", lambda g, c: 0)
-_field(("temperature.gpu",), "temperature.gpu", "", lambda g, c: int(g.get("temp_idle_c", 32)) + c.util(g) // 3)
+_field(("temperature.gpu",), "temperature.gpu", "", temperature)
 _field(("fan.speed",), "fan.speed", "%", lambda g, c: g.get("fan_percent", "N/A"))
 _field(("power.draw",), "power.draw", "W", lambda g, c: f"{_power(g, c):.2f}")
 _field(("power.limit",), "power.limit", "W", lambda g, c: f"{float(g.get('power_limit_w', 300)):.2f}")
@@ -344,6 +449,40 @@ _field(("clocks.sm", "clocks.current.sm"), "clocks.current.sm", "MHz", lambda g,
 _field(("clocks.max.sm", "clocks.max.sm"), "clocks.max.sm", "MHz", lambda g, c: g.get("max_sm_clock_mhz", 3090))
 _field(("pcie.link.gen.max",), "pcie.link.gen.max", "", lambda g, c: g.get("pcie_gen", 5))
 _field(("pcie.link.width.max",), "pcie.link.width.max", "", lambda g, c: g.get("pcie_width", 16))
+_field(("pcie.link.gen.current", "pcie.link.gen.gpucurrent"), "pcie.link.gen.current", "", link_gen)
+_field(("pcie.link.gen.gpumax",), "pcie.link.gen.gpumax", "", lambda g, c: g.get("pcie_gen", 5))
+_field(("pcie.link.gen.hostmax",), "pcie.link.gen.hostmax", "", host_gen)
+_field(("pcie.link.width.current",), "pcie.link.width.current", "", link_width)
+_field(
+    ("clocks_event_reasons.active", "clocks_throttle_reasons.active"), "clocks_event_reasons.active", "", _reasons_mask
+)
+for _tag, _label, _q, _bit in EVENT_REASONS:
+    _field(
+        (f"clocks_event_reasons.{_q}", f"clocks_throttle_reasons.{_q}"),
+        f"clocks_event_reasons.{_q}",
+        "",
+        lambda g, c, t=_tag: "Active" if event_reasons(g, c).get(t) else "Not Active",
+    )
+_field(("ecc.mode.current",), "ecc.mode.current", "", lambda g, c: ecc(g, c)["mode"])
+_field(("ecc.mode.pending",), "ecc.mode.pending", "", lambda g, c: ecc(g, c)["mode"])
+for _scope in ("volatile", "aggregate"):
+    for _what in ("total", "dram", "device_memory"):
+        _field(
+            (f"ecc.errors.uncorrected.{_scope}.{_what}",),
+            f"ecc.errors.uncorrected.{_scope}.{_what}",
+            "",
+            lambda g, c, sc=_scope: ecc(g, c)[sc],
+        )
+        _field(
+            (f"ecc.errors.corrected.{_scope}.{_what}",),
+            f"ecc.errors.corrected.{_scope}.{_what}",
+            "",
+            lambda g, c: 0 if ecc(g, c)["ecc"] else "N/A",
+        )
+for _key in ("correctable", "uncorrectable", "pending", "failure"):
+    _field((f"remapped_rows.{_key}",), f"remapped_rows.{_key}", "", _remap_field(_key))
+for _key in ("single_bit_ecc.count", "double_bit.count", "pending"):
+    _field((f"retired_pages.{_key}",), f"retired_pages.{_key}", "", _retired_field(_key))
 
 
 def query_gpu(ctx: Ctx, gpus: list[Gpu], spec: str, fmt: str, header: bool = True) -> str:
@@ -391,10 +530,10 @@ def summary(ctx: Ctx, gpus: list[Gpu]) -> str:
         pm = {"Enabled": "On", "Disabled": "Off"}.get(persistence.mode(g, ctx.prof), "N/A")
         f = g.get("fan_percent", "N/A")
         fan_s = "N/A" if _na(f) else f"{f}%"
-        ecc = g.get("ecc", "N/A")
+        ecc_v = ecc(g, ctx)["volatile"]
         total = g.get("memory_total_mib", "N/A")
-        temp = FIELDS["temperature.gpu"][2](g, ctx)
-        out.append(f"|{g.index:>4}  {g['name'][:29]:<30}{pm:>3}  |   {g.bus_id} Off |{str(ecc):>21} |")
+        temp = temperature(g, ctx)
+        out.append(f"|{g.index:>4}  {g['name'][:29]:<30}{pm:>3}  |   {g.bus_id} Off |{str(ecc_v):>21} |")
         watts, cap = int(_power(g, ctx)), int(g.get("power_limit_w", 300))
         mem = f"{str(ctx.used_mib(g)) + 'MiB':>11} / {str(total) + 'MiB':>9}"
         out.append(
@@ -469,7 +608,10 @@ def _q_sections(g: Gpu, ctx: Ctx) -> list[tuple[str, Any]]:
                             "pcie_gen",
                             [
                                 ("Max", "max_link_gen", str(g.get("pcie_gen", 5))),
-                                ("Current", "current_link_gen", "1" if not ctx.util(g) else str(g.get("pcie_gen", 5))),
+                                ("Current", "current_link_gen", str(link_gen(g, ctx))),
+                                ("Device Current", "device_current_link_gen", str(link_gen(g, ctx))),
+                                ("Device Max", "max_device_link_gen", str(g.get("pcie_gen", 5))),
+                                ("Host Max", "max_host_link_gen", str(host_gen(g, ctx))),
                             ],
                         ),
                         (
@@ -477,7 +619,7 @@ def _q_sections(g: Gpu, ctx: Ctx) -> list[tuple[str, Any]]:
                             "link_widths",
                             [
                                 ("Max", "max_link_width", f"{g.get('pcie_width', 16)}x"),
-                                ("Current", "current_link_width", f"{g.get('pcie_width', 16)}x"),
+                                ("Current", "current_link_width", f"{link_width(g, ctx)}x"),
                             ],
                         ),
                     ],
@@ -486,6 +628,7 @@ def _q_sections(g: Gpu, ctx: Ctx) -> list[tuple[str, Any]]:
         ),
         ("Fan Speed", "fan_speed", fan_v),
         ("Performance State", "performance_state", _pstate(g, ctx)),
+        ("Clocks Event Reasons", "clocks_event_reasons", _reason_items(g, ctx)),
         (
             "FB Memory Usage",
             "fb_memory_usage",
@@ -502,7 +645,8 @@ def _q_sections(g: Gpu, ctx: Ctx) -> list[tuple[str, Any]]:
             "utilization",
             [("GPU", "gpu_util", f"{ctx.util(g)} %"), ("Memory", "memory_util", "0 %")],
         ),
-        ("Temperature", "temperature", [("GPU Current Temp", "gpu_temp", f"{FIELDS['temperature.gpu'][2](g, ctx)} C")]),
+        *_ecc_items(g, ctx),
+        ("Temperature", "temperature", [("GPU Current Temp", "gpu_temp", f"{temperature(g, ctx)} C")]),
         (
             "GPU Power Readings",
             "gpu_power_readings",
@@ -519,6 +663,114 @@ def _q_sections(g: Gpu, ctx: Ctx) -> list[tuple[str, Any]]:
         ),
         ("Processes", "processes", "None"),
     ]
+
+
+def _reason_items(g: Gpu, ctx: Ctx) -> list:
+    on = event_reasons(g, ctx)
+    return [
+        (label, f"clocks_event_reason_{tag}", "Active" if on.get(tag) else "Not Active")
+        for tag, label, _, _ in EVENT_REASONS
+    ]
+
+
+def _ecc_items(g: Gpu, ctx: Ctx) -> list:
+    """ECC Mode, ECC Errors, Retired Pages, Remapped Rows in the layout of driver 550 and later.
+
+    Ampere and later split SRAM uncorrectable into parity and SEC-DED and add the threshold
+    flag and the sources; earlier GPUs keep one sram_uncorrectable (real 535 to 580 captures).
+    A label of None is XML only, a tag of None is -q text only (the two lay out retired pages
+    differently).
+    """
+    e = ecc(g, ctx)
+    na = not e["ecc"]
+
+    def n(v: Any) -> str:
+        return "N/A" if na else str(v)
+
+    def counts(scope: str) -> list:
+        unc = e[scope]
+        items: list = [("SRAM Correctable", "sram_correctable", n(0))]
+        if e["remap"]:
+            items += [
+                ("SRAM Uncorrectable Parity", "sram_uncorrectable_parity", n(0)),
+                ("SRAM Uncorrectable SEC-DED", "sram_uncorrectable_secded", n(0)),
+            ]
+        else:
+            items.append(("SRAM Uncorrectable", "sram_uncorrectable", n(0)))
+        items += [("DRAM Correctable", "dram_correctable", n(0)), ("DRAM Uncorrectable", "dram_uncorrectable", n(unc))]
+        if scope == "aggregate" and e["remap"]:
+            items.append(("SRAM Threshold Exceeded", "sram_threshold_exceeded", "N/A" if na else "No"))
+        return items
+
+    errors: list = [("Volatile", "volatile", counts("volatile")), ("Aggregate", "aggregate", counts("aggregate"))]
+    if e["remap"]:
+        errors.append(
+            (
+                "Aggregate Uncorrectable SRAM Sources",
+                "aggregate_uncorrectable_sram_sources",
+                [
+                    ("SRAM L2", "sram_l2", n(0)),
+                    ("SRAM SM", "sram_sm", n(0)),
+                    ("SRAM Microcontroller", "sram_microcontroller", n(0)),
+                    ("SRAM PCIE", "sram_pcie", n(0)),
+                    ("SRAM Other", "sram_other", n(0)),
+                ],
+            )
+        )
+    paged = e["ecc"] and not e["remap"]
+    pages = str(e["pages"]) if paged else "N/A"
+    pend = _yes(e["pending"]) if paged else "N/A"
+    retired = [
+        (
+            None,
+            "multiple_single_bit_retirement",
+            [(None, "retired_count", "0" if paged else "N/A"), (None, "retired_pagelist", "N/A")],
+        ),
+        (None, "double_bit_retirement", [(None, "retired_count", pages), (None, "retired_pagelist", "N/A")]),
+        (None, "pending_blacklist", pend),
+        (None, "pending_retirement", pend),
+        ("Single Bit ECC", None, "0" if paged else "N/A"),
+        ("Double Bit ECC", None, pages),
+        ("Pending Page Blacklist", None, pend),
+    ]
+    items: list = [
+        ("ECC Mode", "ecc_mode", [("Current", "current_ecc", e["mode"]), ("Pending", "pending_ecc", e["mode"])]),
+        ("ECC Errors", "ecc_errors", errors),
+        ("Retired Pages", "retired_pages", retired),
+    ]
+    if e["remap"]:
+        banks = g.get("row_remapper_banks")
+        rows = int(e.get("rows", 0))
+
+        def bank(v: int) -> str:
+            return "N/A" if banks is None else f"{v} bank(s)"
+
+        items.append(
+            (
+                "Remapped Rows",
+                "remapped_rows",
+                [
+                    ("Correctable Error", "remapped_row_corr", "0"),
+                    ("Uncorrectable Error", "remapped_row_unc", str(rows)),
+                    ("Pending", "remapped_row_pending", _yes(e.get("pending", False))),
+                    ("Remapping Failure Occurred", "remapped_row_failure", "No"),
+                    (
+                        "Bank Remap Availability Histogram",
+                        "row_remapper_histogram",
+                        [
+                            ("Max", "row_remapper_histogram_max", bank(max(int(banks or 0) - rows, 0))),
+                            ("High", "row_remapper_histogram_high", bank(min(rows, int(banks or 0)))),
+                            ("Partial", "row_remapper_histogram_partial", bank(0)),
+                            ("Low", "row_remapper_histogram_low", bank(0)),
+                            ("None", "row_remapper_histogram_none", bank(0)),
+                        ],
+                    ),
+                ],
+            )
+        )
+    else:
+        items.append(("Remapped Rows", "remapped_rows", "N/A"))
+    return items
 
 
 HEX_IN_TEXT = {"pci_bus", "pci_device", "pci_domain", "pci_device_id"}  # -q shows 0x05, -q -x shows 05
@@ -538,6 +790,8 @@ def query_text(ctx: Ctx, gpus: list[Gpu]) -> str:
 
     def emit(items: list, depth: int) -> None:
         for label, _tag, value in items:
+            if label is None:
+                continue
             pad = "    " * depth
             if isinstance(value, list):
                 out.append(pad + label)
@@ -566,6 +820,8 @@ def query_xml(ctx: Ctx, gpus: list[Gpu]) -> str:
 
     def emit(items: list, depth: int) -> None:
         for _label, tag, value in items:
+            if tag is None:
+                continue
             pad = "\t" * depth
             if isinstance(value, list):
                 out.append(f"{pad}<{tag}>")
@@ -728,6 +984,7 @@ def run(argv: list[str], package: dict[str, Any]) -> int:
             while not stop:
                 time.sleep(args.loop_ms / 1000)
                 ctx.usage = _read_usage()
+                ctx.refresh_faults()
                 _emit(render(False), args.filename)
         except KeyboardInterrupt:
             pass
