@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import shlex
 
-from ansible.errors import AnsibleFilterError
+from ansible_collections.rigops.fleet.plugins.plugin_utils.plain import filter_errors as _filter
 from ansible_collections.rigops.fleet.plugins.plugin_utils.plain import plain as _plain
 
 try:
@@ -144,17 +144,6 @@ def client_settings(summary, client, options):
         "continue.json": _dump({"models": continue_models}),
         "providers.json": _dump(registry),
     }
-
-
-def _filter(fn):
-    def wrapped(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise AnsibleFilterError(f"{fn.__name__}: {exc}") from exc
-
-    wrapped.__name__ = fn.__name__
-    return wrapped
 
 
 class FilterModule:

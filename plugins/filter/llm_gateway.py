@@ -46,8 +46,8 @@ import json
 import re
 from urllib.parse import urlsplit
 
-from ansible.errors import AnsibleFilterError
 from ansible_collections.rigops.fleet.plugins.module_utils import vllm_instances as schema
+from ansible_collections.rigops.fleet.plugins.plugin_utils.plain import filter_errors as _filter
 from ansible_collections.rigops.fleet.plugins.plugin_utils.plain import plain as _plain
 
 HEALTH_CLIENT = "rigops-health"
@@ -704,17 +704,6 @@ def san(names):
         if entry not in out:
             out.append(entry)
     return ",".join(out)
-
-
-def _filter(fn):
-    def wrapped(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise AnsibleFilterError(f"{fn.__name__}: {exc}") from exc
-
-    wrapped.__name__ = fn.__name__
-    return wrapped
 
 
 class FilterModule:

@@ -35,15 +35,20 @@ options:
     description: Interpreter with pip.
     type: path
     required: true
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - rigops.fleet.attributes
 attributes:
   check_mode:
     support: full
-    description: Reports whether the wheelhouse is complete; downloads and links nothing.
+    details: Reports whether the wheelhouse is complete; downloads and links nothing.
+  diff_mode:
+    support: none
 """
 
 EXAMPLES = r"""
 - name: The cpu build's wheelhouse on the cache
-  fleet_cache_wheelhouse:
+  rigops.fleet.fleet_cache_wheelhouse:
     lock: /srv/rigops/cache/wheels/cpu/requirements.lock
     index_url: https://download.pytorch.org/whl/cpu
     dest: /srv/rigops/cache/wheels/cpu

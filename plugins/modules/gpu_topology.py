@@ -109,14 +109,10 @@ options:
   nvidia_smi_path:
     description: Path to nvidia-smi; searched in E(PATH) by default.
     type: path
-attributes:
-  check_mode:
-    description: Can run in check mode and report what it would change, without changing it.
-    support: full
-    details: Read-only; runs the same in check mode.
-  diff_mode:
-    description: Returns what changed (or would change in check mode) in diff mode.
-    support: none
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - rigops.fleet.attributes
+  - rigops.fleet.attributes.read_only
 notes:
   - Bridges above a GPU are found from the C(Bus:) ranges in C(lspci -vvv), else from the C(lspci -tv) tree, else
     from the sysfs device path under O(sysfs_root).
@@ -128,7 +124,7 @@ seealso:
 
 EXAMPLES = r"""
 - name: Check the GPUs each vLLM instance will use
-  gpu_topology:
+  rigops.fleet.gpu_topology:
     expected_gpus: 8
     groups:
       - name: big
@@ -139,7 +135,7 @@ EXAMPLES = r"""
     worst_link_allowed: NODE
 
 - name: Validate a support bundle from a user's machine (no host access needed)
-  gpu_topology:
+  rigops.fleet.gpu_topology:
     topo_file: /tmp/bundle/topo-m.txt
     p2p_file: /tmp/bundle/topo-p2p-r.txt
     groups: [[0, 1, 2, 3, 4, 5, 6, 7]]
@@ -147,12 +143,12 @@ EXAMPLES = r"""
   delegate_to: localhost
 
 - name: Only warn about cross-NUMA and IOMMU grouping
-  gpu_topology:
+  rigops.fleet.gpu_topology:
     fail_on: [gpu_missing, p2p_not_supported, acs_redirect, nccl_p2p_disabled]
     env_files: [/etc/environment, /etc/rigops/vllm-main.env]
 
 - name: Refuse rigs whose GPUs cannot do P2P at all (GeForce on the stock driver)
-  gpu_topology:
+  rigops.fleet.gpu_topology:
     require_p2p: true
     fail_on: [gpu_missing, link_worse_than_allowed, p2p_not_supported, p2p_unsupported_by_product, acs_redirect,
               nccl_p2p_disabled, topology_unreadable]

@@ -42,16 +42,13 @@ options:
   swap_file:
     description: A swap file whose size, swap signature and filesystem type are reported (RV(ansible_facts)).
     type: path
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.facts
+  - rigops.fleet.attributes
+  - rigops.fleet.attributes.read_only
 attributes:
-  check_mode:
-    description: Can run in check mode and report what it would change, without changing it.
-    support: full
-    details: Read-only; runs the same in check mode.
-  diff_mode:
-    description: Returns what changed (or would change in check mode) in diff mode.
-    support: none
   facts:
-    description: Returns an C(ansible_facts) dictionary that updates the host's facts.
     support: full
 notes:
   - The parsing is plugins/module_utils/jetson_platform.py, tested on real outputs (tests/fixtures/jetson/).
@@ -59,10 +56,10 @@ notes:
 
 EXAMPLES = r"""
 - name: What this board is
-  jetson_platform_facts:
+  rigops.fleet.jetson_platform_facts:
 
 - name: The sandbox's copy of the device tree
-  jetson_platform_facts:
+  rigops.fleet.jetson_platform_facts:
     model_file: /etc/nvidia-sim/proc/device-tree/model
     compatible_file: /etc/nvidia-sim/proc/device-tree/compatible
 """

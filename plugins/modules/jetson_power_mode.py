@@ -40,13 +40,14 @@ options:
     description: Where nvpmodel keeps the mode the next boot applies.
     type: path
     default: /var/lib/nvpmodel/status
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - rigops.fleet.attributes
 attributes:
   check_mode:
-    description: Can run in check mode and report what it would change, without changing it.
     support: full
     details: Queries only; reports a change when the mode differs (whether it needs a reboot is not known then).
   diff_mode:
-    description: Returns what changed (or would change in check mode) in diff mode.
     support: none
 notes:
   - Real outputs of nvpmodel, and where they come from, are in tests/fixtures/jetson/ (SOURCES.md).
@@ -54,11 +55,11 @@ notes:
 
 EXAMPLES = r"""
 - name: MAXN on a Thor
-  jetson_power_mode:
+  rigops.fleet.jetson_power_mode:
     mode: 0
 
 - name: A mode that may need a reboot, allowed
-  jetson_power_mode:
+  rigops.fleet.jetson_power_mode:
     mode: 2
     reboot_allowed: true
   register: power

@@ -25,16 +25,13 @@ options:
     description: Seconds to wait for the first line.
     type: int
     default: 15
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.facts
+  - rigops.fleet.attributes
+  - rigops.fleet.attributes.read_only
 attributes:
-  check_mode:
-    description: Can run in check mode and report what it would change, without changing it.
-    support: full
-    details: Read-only; runs the same in check mode.
-  diff_mode:
-    description: Returns what changed (or would change in check mode) in diff mode.
-    support: none
   facts:
-    description: Returns an C(ansible_facts) dictionary that updates the host's facts.
     support: full
 notes:
   - Layouts differ between boards and JetPack releases (AGX Orin prints SWAP, EMC and GR3D loads; Thor on JetPack
@@ -44,7 +41,7 @@ notes:
 
 EXAMPLES = r"""
 - name: One health sample
-  jetson_tegrastats:
+  rigops.fleet.jetson_tegrastats:
   register: health
 """
 

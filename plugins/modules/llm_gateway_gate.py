@@ -68,18 +68,15 @@ options:
     description: Seconds for one request.
     type: int
     default: 120
-attributes:
-  check_mode:
-    support: full
-    description: Read-only; the same requests run in check mode.
-  diff_mode:
-    description: Returns what changed (or would change in check mode) in diff mode.
-    support: none
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - rigops.fleet.attributes
+  - rigops.fleet.attributes.read_only
 """
 
 EXAMPLES = r"""
 - name: Gate on every routed model through the gateway
-  llm_gateway_gate:
+  rigops.fleet.llm_gateway_gate:
     port: 8443
     ca_file: /etc/rigops-llm-gateway/tls/cert.pem
     key_file: /etc/rigops-llm-gateway/health_key

@@ -24,18 +24,15 @@ options:
     description: Seconds for each connect.
     type: float
     default: 3.0
-attributes:
-  check_mode:
-    support: full
-    description: Read-only; it runs in check mode too.
-  diff_mode:
-    description: Returns what changed (or would change in check mode) in diff mode.
-    support: none
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - rigops.fleet.attributes
+  - rigops.fleet.attributes.read_only
 """
 
 EXAMPLES = r"""
 - name: Which upstreams answer
-  llm_gateway_probe:
+  rigops.fleet.llm_gateway_probe:
     targets:
       - {ref: rig-01/chat, server: "10.0.10.11:8000"}
       - {ref: "remote:hosted", server: "api.example.com:443"}

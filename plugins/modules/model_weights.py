@@ -145,15 +145,20 @@ options:
     description: Free space needed beyond the missing bytes and the ratio.
     type: int
     default: 1073741824
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - rigops.fleet.attributes
 attributes:
   check_mode:
     support: full
-    description: Lists and verifies, downloads and writes nothing.
+    details: Lists and verifies, downloads and writes nothing.
+  diff_mode:
+    support: none
 """
 
 EXAMPLES = r"""
 - name: Stage a ModelScope model
-  model_weights:
+  rigops.fleet.model_weights:
     hub: modelscope
     id: Qwen/Qwen3.5-9B
     revision: master
@@ -162,7 +167,7 @@ EXAMPLES = r"""
   no_log: true
 
 - name: Stage a Hugging Face model from a plain-http mirror on the rigs' private network
-  model_weights:
+  rigops.fleet.model_weights:
     hub: huggingface
     id: Qwen/Qwen3.5-9B-Instruct
     revision: v1.0.0
@@ -171,7 +176,7 @@ EXAMPLES = r"""
     group: vllm
 
 - name: Pull a model from the site's fleet cache, in parallel, verified against the cache's listing
-  model_weights:
+  rigops.fleet.model_weights:
     source: fleet_cache
     hub: huggingface
     id: Qwen/Qwen3.5-9B-Instruct
@@ -182,7 +187,7 @@ EXAMPLES = r"""
     group: vllm
 
 - name: List and verify only (no download, nothing written)
-  model_weights:
+  rigops.fleet.model_weights:
     state: checked
     hub: modelscope
     id: Qwen/Qwen3.5-9B

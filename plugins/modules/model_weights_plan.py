@@ -68,15 +68,15 @@ options:
     description: Host that downloads the controller-source models for the fleet; empty for the first that needs one.
     type: str
     default: ""
-attributes:
-  check_mode:
-    support: full
-    description: Changes nothing in any mode.
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - rigops.fleet.attributes
+  - rigops.fleet.attributes.read_only
 """
 
 EXAMPLES = r"""
 - name: Plan the models of this host
-  model_weights_plan:
+  rigops.fleet.model_weights_plan:
     host: "{{ inventory_hostname }}"
     # {host: [{name, model}]} of every host, each published with `vllm_instances | rigops.fleet.model_refs`
     fleet: "{{ model_weights__fleet | dict2items(key_name='host', value_name='instances') }}"

@@ -35,16 +35,13 @@ options:
         of running nvidia-smi.
       - When only one of O(xml_file) and O(query_file) is given, the other source is skipped (not run).
     type: path
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - ansible.builtin.action_common_attributes.facts
+  - rigops.fleet.attributes
+  - rigops.fleet.attributes.read_only
 attributes:
-  check_mode:
-    description: Can run in check mode and report what it would change, without changing it.
-    support: full
-    details: Read-only; runs the same in check mode.
-  diff_mode:
-    description: Returns what changed (or would change in check mode) in diff mode.
-    support: none
   facts:
-    description: Returns an C(ansible_facts) dictionary that updates the host's facts.
     support: full
 notes:
   - The GPU C(index) is nvidia-smi's enumeration order. C(compute_capability) comes only from C(--query-gpu).
@@ -55,10 +52,10 @@ seealso:
 
 EXAMPLES = r"""
 - name: Gather GPU facts
-  nvidia_gpu_facts:
+  rigops.fleet.nvidia_gpu_facts:
 
 - name: Read a support bundle captured on a user's machine
-  nvidia_gpu_facts:
+  rigops.fleet.nvidia_gpu_facts:
     xml_file: /tmp/bundle/nvidia-smi-q-x.xml
     query_file: /tmp/bundle/query-gpu.csv
 

@@ -78,18 +78,15 @@ options:
     description: Honour C(HTTP_PROXY)/C(NO_PROXY) of the module's environment (to reproduce what clients see).
     type: bool
     default: false
-attributes:
-  check_mode:
-    support: full
-    description: Read-only; the same requests run in check mode.
-  diff_mode:
-    description: Returns what changed (or would change in check mode) in diff mode.
-    support: none
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - rigops.fleet.attributes
+  - rigops.fleet.attributes.read_only
 """
 
 EXAMPLES = r"""
 - name: Gate on the chat instance
-  vllm_endpoint:
+  rigops.fleet.vllm_endpoint:
     url: http://127.0.0.1:8000
     served_name: qwen3.5-9b
     api_key_file: /etc/vllm/chat/api_key
@@ -98,7 +95,7 @@ EXAMPLES = r"""
   register: chat_gate
 
 - name: Only the readiness and the model list
-  vllm_endpoint:
+  rigops.fleet.vllm_endpoint:
     url: http://127.0.0.1:8001
     served_name: tiny
     require_key: false

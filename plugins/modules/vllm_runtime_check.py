@@ -99,14 +99,10 @@ options:
     description: Fail with the table when the host does not fit.
     type: bool
     default: true
-attributes:
-  check_mode:
-    description: Can run in check mode and report what it would change, without changing it.
-    support: full
-    details: Read-only; runs the same in check mode.
-  diff_mode:
-    description: Returns what changed (or would change in check mode) in diff mode.
-    support: none
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - rigops.fleet.attributes
+  - rigops.fleet.attributes.read_only
 notes:
   - The logic lives in the module_utils C(vllm_runtime_check) and C(wheel_audit), unit-tested without a
     host on fixtures cut from the real wheels (C(tests/fixtures/wheels/SOURCES.md)).
@@ -116,7 +112,7 @@ seealso:
 
 EXAMPLES = r"""
 - name: Judge this host against the CPU build, the lock from a wheelhouse
-  vllm_runtime_check:
+  rigops.fleet.vllm_runtime_check:
     matrix: "{{ vllm_runtime__matrix }}"
     flavour: cpu
     root: /opt/rigops/vllm
@@ -125,7 +121,7 @@ EXAMPLES = r"""
   register: check
 
 - name: Judge the wheels of an air-gapped wheelhouse before installing them
-  vllm_runtime_check:
+  rigops.fleet.vllm_runtime_check:
     matrix: "{{ vllm_runtime__matrix }}"
     flavour: cuda
     build: cu128
@@ -134,7 +130,7 @@ EXAMPLES = r"""
     wheelhouse: /srv/wheelhouse/cuda
 
 - name: Report without failing
-  vllm_runtime_check:
+  rigops.fleet.vllm_runtime_check:
     matrix: "{{ vllm_runtime__matrix }}"
     flavour: cuda
     root: /opt/rigops/vllm

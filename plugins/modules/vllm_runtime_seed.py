@@ -30,15 +30,20 @@ options:
     description: The new release's requirements file (C(name==version) pins, hashes allowed).
     type: path
     required: true
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - rigops.fleet.attributes
 attributes:
   check_mode:
     support: full
-    description: Reports what it would seed, links nothing.
+    details: Reports what it would seed, links nothing.
+  diff_mode:
+    support: none
 """
 
 EXAMPLES = r"""
 - name: Seed the new release from the live one
-  vllm_runtime_seed:
+  rigops.fleet.vllm_runtime_seed:
     src: /opt/rigops/vllm/current/venv
     dest: /opt/rigops/vllm/releases/cpu-cpu-vllm0.32.0-torch2.13.0+cpu-py3.11-0123456789ab/venv
     requirements: /opt/rigops/vllm/releases/cpu-cpu-vllm0.32.0-torch2.13.0+cpu-py3.11-0123456789ab/requirements.txt

@@ -51,15 +51,15 @@ options:
     description: Seconds the runtime's python may take to import vLLM and parse the arguments.
     type: int
     default: 600
-attributes:
-  check_mode:
-    support: full
-    description: Read-only; runs the same in check mode.
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - rigops.fleet.attributes
+  - rigops.fleet.attributes.read_only
 """
 
 EXAMPLES = r"""
 - name: Probe the host for the instances' configs
-  vllm_service_probe:
+  rigops.fleet.vllm_service_probe:
     configs: "{{ vllm_service__configs }}"
     config_root: /etc/vllm
   register: probe

@@ -1,6 +1,8 @@
 # Copyright: rigops contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""Ansible's data as plain Python data, for the collection's filters (controller side only).
+"""Ansible's data as plain Python data, and bad input as a named error, for the collection's filters.
+
+Controller side only.
 
 Ansible hands a filter its own container and scalar types (lazy, tagged subclasses of dict, list,
 str, ...). The logic in plugins/module_utils takes plain data: what JSON, TOML or a comparison with
@@ -10,6 +12,8 @@ str, ...). The logic in plugins/module_utils takes plain data: what JSON, TOML o
 from __future__ import annotations
 
 from collections.abc import Mapping
+
+from ansible.errors import AnsibleFilterError
 
 
 def plain(value):
@@ -26,3 +30,16 @@ def plain(value):
         if isinstance(value, kind):
             return kind(value)
     return value
+
+
+def filter_errors(fn):
+    """``fn`` as a filter whose bad input (KeyError, TypeError, ValueError) fails the task by name."""
+
+    def wrapped(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise AnsibleFilterError(f"{fn.__name__}: {exc}") from exc
+
+    wrapped.__name__ = fn.__name__
+    return wrapped
