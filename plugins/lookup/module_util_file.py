@@ -33,11 +33,20 @@ _raw:
 
 from ansible.errors import AnsibleLookupError
 from ansible.plugins.lookup import LookupBase
-from ansible_collections.rigops.fleet.plugins.module_utils import vllm_config, vllm_instances
+from ansible_collections.rigops.fleet.plugins.module_utils import (
+    gpu_health,
+    gpu_health_sentinel,
+    nvidia_smi,
+    vllm_config,
+    vllm_instances,
+)
 
 # What a host runs outside Ansible: the vLLM launcher (roles/vllm_service/files/rigops-vllm-launch)
-# imports vllm_config, which imports vllm_instances.
-SHIPPED = {"vllm_config": vllm_config, "vllm_instances": vllm_instances}
+# imports vllm_config, which imports vllm_instances; the GPU health sentinel (roles/gpu_health/files/rigops-gpu-health)
+# imports gpu_health_sentinel, which imports gpu_health and nvidia_smi.
+SHIPPED = {
+    m.__name__.rsplit(".", 1)[-1]: m for m in (vllm_config, vllm_instances, gpu_health, gpu_health_sentinel, nvidia_smi)
+}
 
 
 class LookupModule(LookupBase):

@@ -314,7 +314,7 @@ def prometheus(result, verdicts, host=None):
         "rigops_vllm_instance_gpu_healthy",
         "1 when every GPU of the vLLM instance is healthy.",
         [
-            (_labels([("instance", name)], host), int(v["healthy"]))
+            (_labels([("vllm_instance", name)], host), int(v["healthy"]))
             for name, v in sorted((verdicts or {}).items(), key=lambda i: str(i[0]))
         ],
     )

@@ -264,7 +264,7 @@ def test_rendered_proxy_unit_is_hardened_without_devices_on_a_cpu_rig(rendered):
 def test_promtool_accepts_the_rendered_config_and_rules(rendered):
     res = promtool("check", "config", str(rendered / "prometheus.yml"))
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "SUCCESS: 9 rules found" in res.stdout + res.stderr
+    assert "SUCCESS: 12 rules found" in res.stdout + res.stderr
 
 
 @needs_promtool
@@ -410,6 +410,52 @@ tests:
             exp_annotations:
               summary: "GPU 1 of rig-h100 is 99.88% full"
               description: *gpumem
+  # the GPU health sentinel (textfile collector, job node): one GPU unhealthy and its instance; a sentinel that
+  # stopped writing (its last round at time 0) while the other host's rounds go on
+  - interval: 1m
+    input_series:
+      - series: 'rigops_gpu_healthy{job="node", host="rig-5090", bus_id="0000:81:00.0", index="5", uuid="GPU-a"}'
+        values: '1 0x5'
+      - series: 'rigops_gpu_healthy{job="node", host="rig-5090", bus_id="0000:01:00.0", index="0", uuid="GPU-b"}'
+        values: '1x6'
+      - series: 'rigops_vllm_instance_gpu_healthy{job="node", host="rig-5090", vllm_instance="right"}'
+        values: '1 0x5'
+      - series: 'rigops_gpu_health_last_check_timestamp_seconds{job="node", host="rig-old"}'
+        values: '0x6'
+      - series: 'rigops_gpu_health_last_check_timestamp_seconds{job="node", host="rig-5090"}'
+        values: '0+60x6'
+    alert_rule_test:
+      - eval_time: 1m
+        alertname: GpuUnhealthy
+        exp_alerts:
+          - exp_labels: {severity: critical, job: node, host: rig-5090, bus_id: "0000:81:00.0", index: "5", uuid: GPU-a}
+            exp_annotations:
+              summary: "GPU 0000:81:00.0 of rig-5090 is unhealthy"
+              description: >-
+                The GPU health sentinel found an Xid that needs a reset, a reboot or a new card, uncorrectable ECC
+                errors, a missing GPU, a narrowed PCIe link or a hardware slowdown. `rigops-gpu-health status` on
+                rig-5090 says which and what it needs.
+      - eval_time: 1m
+        alertname: VllmInstanceOnUnhealthyGpu
+        exp_alerts:
+          - exp_labels: {severity: critical, job: node, host: rig-5090, vllm_instance: right}
+            exp_annotations:
+              summary: "vLLM instance right on rig-5090 runs on an unhealthy GPU"
+              description: >-
+                Its answers may fail or hang while its port stays open. Take its traffic elsewhere, then deal with
+                the GPU (`rigops-gpu-health status` on rig-5090).
+      - eval_time: 2m
+        alertname: GpuHealthSentinelSilent
+        exp_alerts: []
+      - eval_time: 4m
+        alertname: GpuHealthSentinelSilent
+        exp_alerts:
+          - exp_labels: {severity: warning, job: node, host: rig-old}
+            exp_annotations:
+              summary: "The GPU health sentinel of rig-old has not completed a round for 4m 0s"
+              description: >-
+                Its GPU verdicts are stale: `systemctl status rigops-gpu-health` and `journalctl -u
+                rigops-gpu-health` on rig-old.
   # a gateway upstream failing 20 % of its requests, another 1 %; a third marked down
   - interval: 1m
     input_series:
@@ -488,6 +534,9 @@ def test_every_alert_of_the_issue_is_there(rendered):
         "ExporterDown",
         "GatewayUpstreamFailing",
         "GatewayUpstreamDown",
+        "GpuUnhealthy",
+        "VllmInstanceOnUnhealthyGpu",
+        "GpuHealthSentinelSilent",
     }
     for g in rules["groups"]:
         for r in g["rules"]:

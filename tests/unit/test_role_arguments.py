@@ -177,6 +177,23 @@ CASES = {
             "gpu_topology_expected_gpus must be a positive number of GPUs, or null to skip the count check; got 0",
         ),
     },
+    "gpu_health": {
+        "interval as words": (
+            {"gpu_health_interval": "often"},
+            "spec",
+            "argument 'gpu_health_interval' is of type str and we were unable to convert to int",
+        ),
+        "kernel log command as a string": (
+            {"gpu_health_kernel_log_command": "journalctl -k"},
+            SHAPES,
+            'gpu_health_kernel_log_command must be a list such as [a, b], not the string "journalctl -k"',
+        ),
+        "no pause between rounds": (
+            {"gpu_health_interval": 0},
+            "Preflight | Numbers in their ranges",
+            "gpu_health_interval must be 1 to 3600 seconds (got 0)",
+        ),
+    },
     "jetson_platform": {
         "power modes as a name": (
             {"jetson_platform_power_modes": "agx-thor"},

@@ -1,0 +1,263 @@
+# Copyright: rigops contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+"""One round of the GPU health sentinel, and what it keeps between rounds.
+
+The gpu_health role installs ``rigops-gpu-health`` on a host with this file and gpu_health beside it;
+the service calls :func:`check` every interval. A round runs ``nvidia-smi -q -x`` and the kernel log
+command of the config, judges them with gpu_health, and returns the state the service writes:
+GPUs and their findings, and per vLLM instance whether it is healthy and whether it may take traffic
+(``routable``: a sick instance takes it again only after ``recover_checks`` healthy rounds in a row).
+
+An Xid stays a finding for the rest of the boot: the kernel log keeps it, and a GPU that needed a reset
+is not well because a later round saw nothing new. An operator who has dealt with it says so with
+``rigops-gpu-health ack``: the Xid lines seen then, by their text, count no more.
+
+Host side: Python 3.8 and the standard library only. Nothing here resets or reboots anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import tempfile
+
+from ansible_collections.rigops.fleet.plugins.module_utils import gpu_health
+from ansible_collections.rigops.fleet.plugins.module_utils.nvidia_smi import normalize_bus_id
+
+STATE_VERSION = 1
+CONFIG_KEYS = (
+    "nvidia_smi",
+    "kernel_log",
+    "expected_bus_ids",
+    "instances",
+    "recover_checks",
+    "ignore_xids",
+    "interval",
+    "state_file",
+    "acks_file",
+    "textfile",
+)
+
+
+def load_json(path, default=None):
+    """The JSON document at ``path``; ``default`` when the file is absent."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return json.load(handle)
+    except FileNotFoundError:
+        return default
+
+
+def check_config(config):
+    """Problems of a sentinel config (the role writes it; a hand edit may break it)."""
+    problems = [f"config: {key} missing" for key in CONFIG_KEYS if key not in config]
+    for key in ("nvidia_smi", "kernel_log"):
+        value = config.get(key)
+        if key in config and not (isinstance(value, list) and value and all(isinstance(v, str) for v in value)):
+            problems.append(f"config: {key} must be a command as a list of strings")
+    recover = config.get("recover_checks")
+    if "recover_checks" in config and not (isinstance(recover, int) and recover >= 1):
+        problems.append("config: recover_checks must be a whole number of at least 1")
+    return problems
+
+
+def build_config(instances, gpus, previous, settings):
+    """(the sentinel's config, problems): what the gpu_health role writes on a host.
+
+    ``instances``: the host's vLLM instances, merged with their defaults; each one's ``gpus`` are nvidia-smi
+    indices. ``gpus``: the ``nvidia_gpu`` fact's GPUs now (index, pci_bus_id). ``previous``: the config the
+    host has (or None). ``settings``: the other keys of the config (``forget_bus_ids`` besides).
+
+    The GPUs expected are those shown now and those the previous config expected, less the forgotten ones:
+    a GPU that fell off the bus stays expected. An instance's indices are turned into bus ids while every
+    expected GPU is present; when one is missing, indices shift, so an instance keeps the bus ids the
+    previous config gave the same indices, and an instance with no such record is a problem.
+    """
+    previous = previous or {}
+    forget = {normalize_bus_id(b) for b in settings.get("forget_bus_ids") or []}
+    present = {}
+    for gpu in gpus or []:
+        if gpu.get("index") is not None and gpu.get("pci_bus_id"):
+            present[int(gpu["index"])] = normalize_bus_id(gpu["pci_bus_id"])
+    expected = (set(present.values()) | set(previous.get("expected_bus_ids") or [])) - forget
+    complete = expected <= set(present.values())
+    before = {i["name"]: i for i in previous.get("instances") or [] if isinstance(i, dict) and "name" in i}
+    problems, out = [], []
+    for inst in instances or []:
+        name = inst.get("name")
+        indices = inst.get("gpus") or []
+        if not isinstance(indices, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in indices):
+            problems.append(f"instance {name}: gpus must be a list of GPU indices, got {indices!r}")
+            continue
+        old = before.get(name)
+        if not complete and old is not None and old.get("indices") == indices:
+            out.append(old)
+            continue
+        unknown = [i for i in indices if i not in present]
+        if unknown or not complete:
+            missing = sorted(expected - set(present.values()))
+            problems.append(
+                "instance {}: GPU(s) {} cannot be told by bus id: nvidia-smi shows {} GPU(s) (indices {}){}".format(
+                    name,
+                    unknown or indices,
+                    len(present),
+                    sorted(present),
+                    ", and expected {} is missing".format(", ".join(missing)) if missing else "",
+                )
+            )
+            continue
+        out.append({"name": name, "indices": indices, "gpus": [present[i] for i in indices]})
+    config = dict(settings)
+    config.pop("forget_bus_ids", None)
+    config.update(expected_bus_ids=sorted(expected), instances=out)
+    return config, problems
+
+
+def run_command(argv, timeout=30):
+    """(exit status, stdout, stderr) of ``argv``; a command that cannot run is status 127."""
+    try:
+        proc = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=timeout,
+            env=dict(os.environ, LC_ALL="C"),
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        return 127, "", str(exc)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def line_id(line):
+    """How an acknowledged kernel log line is remembered: by its whole text (time stamp included)."""
+    return hashlib.sha256(line.strip().encode("utf-8")).hexdigest()[:32]
+
+
+def xid_events(config, run=run_command):
+    """(Xid events of the kernel log, error or None)."""
+    rc, out, err = run(config["kernel_log"])
+    if rc != 0:
+        return [], "kernel log: {} exited {}: {}".format(config["kernel_log"][0], rc, (err or out).strip()[:200])
+    ignored = set(config.get("ignore_xids") or [])
+    return [e for e in gpu_health.parse_kernel_log(out) if e["xid"] not in ignored], None
+
+
+def acknowledge(config, acked, gpu=None, run=run_command):
+    """``acked`` (line ids) plus the Xid lines now in the kernel log, of GPU ``gpu`` (bus id) or all."""
+    events, error = xid_events(config, run)
+    if error:
+        raise RuntimeError(error)
+    want = normalize_bus_id(gpu) if gpu else None
+    new = {line_id(e["line"]) for e in events if want is None or normalize_bus_id(e["bus_id"]) == want}
+    return sorted(set(acked) | new)
+
+
+def check(config, previous=None, acked=(), run=run_command, now=0.0):
+    """One round: the new state (see the module's docstring)."""
+    previous = previous or {}
+    errors = []
+    rc, out, err = run(config["nvidia_smi"] + ["-q", "-x"])
+    if rc == 0:
+        try:
+            gpus = gpu_health.read_smi_xml(out)
+        except ValueError as exc:
+            gpus, errors = [], [f"nvidia-smi -q -x: {exc}"]
+    else:
+        # Every expected GPU then shows as missing: the driver does not answer for any of them.
+        gpus = []
+        errors.append(f"nvidia-smi exited {rc}: {(err or out).strip()[:200]}")
+    events, error = xid_events(config, run)
+    if error:
+        errors.append(error)
+    acked = set(acked)
+    live = [e for e in events if line_id(e["line"]) not in acked]
+    result = gpu_health.evaluate(gpus, live, config["expected_bus_ids"])
+    verdicts = gpu_health.instance_verdicts(result, config["instances"])
+
+    instances = {}
+    before = previous.get("instances", {})
+    for name, verdict in sorted(verdicts.items()):
+        last = before.get(name)
+        streak = (last["healthy_streak"] + 1 if last else 1) if verdict["healthy"] else 0
+        if last is None:
+            routable = verdict["healthy"]
+        else:
+            routable = verdict["healthy"] and (last["routable"] or streak >= config["recover_checks"])
+        instances[name] = dict(verdict, healthy_streak=streak, routable=routable)
+    return {
+        "version": STATE_VERSION,
+        "checked_at": now,
+        "healthy": result["healthy"] and not errors,
+        "errors": errors,
+        "gpus": result["gpus"],
+        "instances": instances,
+        # the acknowledged lines still in the log (older ones went with a reboot)
+        "acked": sorted(acked & {line_id(e["line"]) for e in events}),
+    }
+
+
+def metrics(state, config):
+    """The state in Prometheus' text format, for node exporter's textfile collector."""
+    result = {"healthy": state["healthy"], "gpus": state["gpus"]}
+    lines = [gpu_health.prometheus(result, state["instances"]).rstrip("\n")]
+    lines += [
+        "# HELP rigops_vllm_instance_routable Whether the instance may take traffic"
+        " (healthy for recover_checks rounds in a row).",
+        "# TYPE rigops_vllm_instance_routable gauge",
+    ]
+    lines += [
+        'rigops_vllm_instance_routable{{vllm_instance="{}"}} {}'.format(name, int(v["routable"]))
+        for name, v in sorted(state["instances"].items())
+    ]
+    lines += [
+        "# HELP rigops_gpu_health_errors Probes of the last round that could not run (nvidia-smi, kernel log).",
+        "# TYPE rigops_gpu_health_errors gauge",
+        "rigops_gpu_health_errors {}".format(len(state["errors"])),
+        "# HELP rigops_gpu_health_last_check_timestamp_seconds When the sentinel last completed a round.",
+        "# TYPE rigops_gpu_health_last_check_timestamp_seconds gauge",
+        "rigops_gpu_health_last_check_timestamp_seconds {:.3f}".format(state["checked_at"]),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def summary(state, host):
+    """What the run's report says of a host: healthy or not, and each finding in a line."""
+    lines = {"critical": [], "warning": []}
+    for gpu in state["gpus"]:
+        for finding in gpu["findings"]:
+            lines[finding["severity"]].append(
+                "GPU {} ({}): {}: {}; {}".format(
+                    "?" if gpu.get("index") is None else gpu["index"],
+                    gpu["bus_id"],
+                    finding["check"],
+                    finding["detail"],
+                    finding["action"],
+                )
+            )
+    return {
+        "host": host,
+        "healthy": state["healthy"],
+        "gpus": len(state["gpus"]),
+        "unhealthy_gpus": [g["bus_id"] for g in state["gpus"] if not g["healthy"]],
+        "instances": {name: v["healthy"] for name, v in sorted(state["instances"].items())},
+        "problems": state["errors"] + lines["critical"],
+        "warnings": lines["warning"],
+    }
+
+
+def write_atomic(path, text, mode=0o644):
+    """Write ``text`` to ``path`` through a temporary file and a rename: a reader never sees half of it."""
+    folder = os.path.dirname(path) or "."
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

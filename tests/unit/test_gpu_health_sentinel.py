@@ -1,0 +1,282 @@
+"""The GPU health sentinel: its config from the inventory, its rounds, acknowledgements, and the host script.
+
+The script runs as on a host (python3, its logic copied beside it as the role lays it out), against a stand-in
+nvidia-smi that prints a real capture (tests/fixtures/nvidia-smi/real/) and a kernel log file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from ansible_collections.rigops.fleet.plugins.filter import gpu_health as gpu_health_filter
+from ansible_collections.rigops.fleet.plugins.module_utils import gpu_health_sentinel as sentinel
+
+ROOT = Path(__file__).resolve().parents[2]
+A100 = ROOT / "tests/fixtures/nvidia-smi/real/x01_telegraf_a100_sxm4_80gb_mig_v12.xml"
+SCRIPT = ROOT / "roles/gpu_health/files/rigops-gpu-health"
+SHIPPED = ["gpu_health", "gpu_health_sentinel", "nvidia_smi"]
+
+
+def a100_bus_id():
+    from ansible_collections.rigops.fleet.plugins.module_utils import gpu_health
+
+    return gpu_health.read_smi_xml(A100.read_text())[0]["bus_id"]
+
+
+def xid_line(bus, xid, text, second=1):
+    """A kernel log line as journalctl -k -o short prints the driver's Xid report."""
+    short = bus.split(":", 1)[1].rsplit(".", 1)[0]  # 0000:07:00.0 -> 07:00
+    prefix = f"Dec 03 10:00:{second:02d} rig kernel: NVRM:"
+    return f"{prefix} Xid (PCI:0000:{short}): {xid}, pid='<unknown>', name=<unknown>, {text}"
+
+
+# --------------------------------------------------------------------------- the config the role writes
+
+
+GPUS = [{"index": i, "pci_bus_id": f"00000000:{0x11 + i:02X}:00.0"} for i in range(4)]
+BUS = [f"0000:{0x11 + i:02x}:00.0" for i in range(4)]
+
+
+def test_config_records_instances_by_bus_id():
+    config, problems = sentinel.build_config(
+        [{"name": "left", "gpus": [0, 1]}, {"name": "right", "gpus": [2, 3]}, {"name": "cpu", "gpus": []}],
+        GPUS,
+        None,
+        {"interval": 15, "forget_bus_ids": []},
+    )
+    assert problems == []
+    assert config["expected_bus_ids"] == BUS
+    assert config["instances"] == [
+        {"name": "left", "indices": [0, 1], "gpus": BUS[:2]},
+        {"name": "right", "indices": [2, 3], "gpus": BUS[2:]},
+        {"name": "cpu", "indices": [], "gpus": []},
+    ]
+    assert config["interval"] == 15 and "forget_bus_ids" not in config
+
+
+def test_config_keeps_a_gpu_that_fell_off_and_the_instances_mapping():
+    before, _ = sentinel.build_config([{"name": "right", "gpus": [2, 3]}], GPUS, None, {})
+    # GPU 2 fell off the bus: nvidia-smi numbers the others 0..2, so index 2 is now the old GPU 3
+    now = [{"index": i, "pci_bus_id": b} for i, b in enumerate(BUS[:2] + BUS[3:])]
+    config, problems = sentinel.build_config([{"name": "right", "gpus": [2, 3]}], now, before, {})
+    assert problems == []
+    assert config["expected_bus_ids"] == BUS
+    assert config["instances"] == [{"name": "right", "indices": [2, 3], "gpus": BUS[2:]}]
+    # an instance new since then cannot be told by bus id while a GPU is missing
+    _, problems = sentinel.build_config([{"name": "new", "gpus": [0]}], now, before, {})
+    assert problems and "new" in problems[0] and BUS[2] in problems[0]
+    # forgetting the GPU makes the rest complete again
+    config, problems = sentinel.build_config([{"name": "new", "gpus": [2]}], now, before, {"forget_bus_ids": [BUS[2]]})
+    assert problems == [] and config["expected_bus_ids"] == BUS[:2] + BUS[3:]
+    assert config["instances"] == [{"name": "new", "indices": [2], "gpus": [BUS[3]]}]
+
+
+def test_config_refuses_gpus_that_are_not_indices():
+    instances = [{"name": "x", "gpus": ["0", True]}, {"name": "y", "gpus": [9]}]
+    _, problems = sentinel.build_config(instances, GPUS, None, {})
+    assert len(problems) == 2
+    assert problems[0].startswith("instance x: gpus must be a list of GPU indices")
+    assert problems[1].startswith("instance y: GPU(s) [9] cannot be told by bus id: nvidia-smi shows 4 GPU(s)")
+
+
+def test_config_check_names_each_bad_key():
+    assert sentinel.check_config({}) == [f"config: {k} missing" for k in sentinel.CONFIG_KEYS]
+    good = dict.fromkeys(sentinel.CONFIG_KEYS, [])
+    good.update(nvidia_smi=["nvidia-smi"], kernel_log=["journalctl", "-k"], recover_checks=3)
+    assert sentinel.check_config(good) == []
+    assert sentinel.check_config(dict(good, nvidia_smi="nvidia-smi", recover_checks=0)) == [
+        "config: nvidia_smi must be a command as a list of strings",
+        "config: recover_checks must be a whole number of at least 1",
+    ]
+
+
+# --------------------------------------------------------------------------- rounds
+
+
+def fake_run(xml, log, smi_rc=0):
+    def run(argv):
+        if argv[0] == "nvidia-smi":
+            return smi_rc, xml if smi_rc == 0 else "", "" if smi_rc == 0 else "NVIDIA-SMI has failed"
+        return 0, log, ""
+
+    return run
+
+
+def config_for(bus, recover=2):
+    return {
+        "nvidia_smi": ["nvidia-smi"],
+        "kernel_log": ["journalctl", "-k"],
+        "expected_bus_ids": [bus],
+        "instances": [{"name": "solo", "indices": [0], "gpus": [bus]}],
+        "recover_checks": recover,
+        "ignore_xids": [],
+    }
+
+
+def test_a_round_judges_gpus_and_instances_and_recovery_takes_rounds():
+    bus = a100_bus_id()
+    config = config_for(bus)
+    xml = A100.read_text()
+    state = sentinel.check(config, None, run=fake_run(xml, ""), now=1.0)
+    assert state["healthy"] and state["errors"] == []
+    assert state["instances"]["solo"]["healthy"] and state["instances"]["solo"]["routable"]
+
+    sick = xid_line(bus, 79, "GPU has fallen off the bus.")
+    state = sentinel.check(config, state, run=fake_run(xml, sick + "\n"), now=2.0)
+    assert not state["healthy"]
+    assert not state["instances"]["solo"]["routable"] and state["instances"]["solo"]["healthy_streak"] == 0
+    (gpu,) = state["gpus"]
+    assert [f["check"] for f in gpu["findings"] if f["severity"] == "critical"] == ["xid"]
+
+    # the line stays in the log: still sick; acknowledged, it counts no more, and the instance needs 2 rounds
+    state = sentinel.check(config, state, run=fake_run(xml, sick), now=3.0)
+    assert not state["healthy"]
+    acked = sentinel.acknowledge(config, [], bus, run=fake_run(xml, sick))
+    assert len(acked) == 1
+    state = sentinel.check(config, state, acked, run=fake_run(xml, sick), now=4.0)
+    assert state["healthy"] and state["acked"] == acked
+    assert state["instances"]["solo"]["healthy"] and not state["instances"]["solo"]["routable"]
+    state = sentinel.check(config, state, acked, run=fake_run(xml, sick), now=5.0)
+    assert state["instances"]["solo"]["routable"] and state["instances"]["solo"]["healthy_streak"] == 2
+
+    # a new Xid of the same GPU is a new line: not acknowledged
+    again = sick + "\n" + xid_line(bus, 79, "GPU has fallen off the bus.", second=9)
+    assert not sentinel.check(config, state, acked, run=fake_run(xml, again), now=6.0)["healthy"]
+    # after a reboot the log is new: the acknowledgement of a line no longer there is dropped
+    assert sentinel.check(config, state, acked, run=fake_run(xml, ""), now=7.0)["acked"] == []
+
+
+def test_nvidia_smi_failing_makes_every_expected_gpu_missing():
+    bus = a100_bus_id()
+    state = sentinel.check(config_for(bus), None, run=fake_run("", "", smi_rc=9), now=1.0)
+    assert not state["healthy"]
+    assert state["errors"] == ["nvidia-smi exited 9: NVIDIA-SMI has failed"]
+    assert [g["bus_id"] for g in state["gpus"] if not g["healthy"]] == [bus]
+    assert not state["instances"]["solo"]["routable"]
+
+
+def test_metrics_and_summary():
+    bus = a100_bus_id()
+    sick = xid_line(bus, 48, "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer.")
+    state = sentinel.check(config_for(bus), None, run=fake_run(A100.read_text(), sick), now=1700000000.5)
+    text = sentinel.metrics(state, config_for(bus))
+    assert 'rigops_vllm_instance_routable{vllm_instance="solo"} 0' in text
+    assert "rigops_gpu_health_last_check_timestamp_seconds 1700000000.500" in text
+    assert "rigops_gpu_health_errors 0" in text
+    assert not re.search(r'[{,]instance="', text)  # Prometheus' own label: the instance is vllm_instance
+    assert text == sentinel.metrics(state, config_for(bus))
+    summary = gpu_health_filter.gpu_health_summary(state, "rig1")
+    assert summary["host"] == "rig1" and not summary["healthy"] and summary["unhealthy_gpus"] == [bus]
+    assert summary["instances"] == {"solo": False}
+    assert any("xid" in line and "48" in line for line in summary["problems"])
+
+
+# --------------------------------------------------------------------------- the host script
+
+
+def executable(path: Path, text: str) -> str:
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return str(path)
+
+
+@pytest.fixture
+def host(tmp_path):
+    """The script and its logic laid out as the role installs them, with a stand-in nvidia-smi and kernel log."""
+    home = tmp_path / "lib"
+    package = home / "ansible_collections/rigops/fleet/plugins/module_utils"
+    package.mkdir(parents=True)
+    shutil.copy(SCRIPT, home / "rigops-gpu-health")
+    for name in SHIPPED:
+        shutil.copy(ROOT / f"plugins/module_utils/{name}.py", package / f"{name}.py")
+    kern = tmp_path / "kern.log"
+    kern.write_text("Dec 03 10:00:00 rig kernel: Linux version 6.1.0\n")
+    smi = executable(tmp_path / "nvidia-smi", f"#!/bin/sh\ncat {A100}\n")
+    state = tmp_path / "state"
+    state.mkdir()
+    config = {
+        "nvidia_smi": [smi],
+        "kernel_log": ["cat", str(kern)],
+        "expected_bus_ids": [a100_bus_id()],
+        "instances": [{"name": "solo", "indices": [0], "gpus": [a100_bus_id()]}],
+        "recover_checks": 1,
+        "ignore_xids": [],
+        "interval": 1,
+        "state_file": str(state / "state.json"),
+        "acks_file": str(state / "acked.json"),
+        "textfile": str(state / "rigops_gpu_health.prom"),
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return tmp_path
+
+
+# The host's python3, as the service runs it (-E -s: nothing of this checkout's environment; the script's folder
+# stays first on the path, which is how it finds its logic).
+PYTHON = [shutil.which("python3", path="/usr/bin") or sys.executable, "-E", "-s"]
+
+
+def script(host, *args, timeout=30):
+    return subprocess.run(
+        [*PYTHON, str(host / "lib/rigops-gpu-health"), *args, "--config", str(host / "config.json")],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=timeout,
+        env={"PATH": os.environ["PATH"]},
+    )
+
+
+def test_script_check_ack_status_and_the_service_loop(host):
+    res = script(host, "check")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["healthy"]
+    assert not (host / "state/state.json").exists()  # check writes nothing
+
+    bus = a100_bus_id()
+    with open(host / "kern.log", "a") as log:
+        log.write(xid_line(bus, 79, "GPU has fallen off the bus.") + "\n")
+    res = script(host, "check")
+    assert res.returncode == 1 and not json.loads(res.stdout)["healthy"]
+
+    # the service's loop writes the state and the metrics; stopped by SIGTERM like systemd does
+    proc = subprocess.Popen(
+        [*PYTHON, str(host / "lib/rigops-gpu-health"), "run", "--config", str(host / "config.json")],
+        env={"PATH": os.environ["PATH"]},
+    )
+    try:
+        for _ in range(100):
+            if (host / "state/rigops_gpu_health.prom").exists():
+                break
+            subprocess.run(["sleep", "0.1"], check=True)
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=10) == 0
+    metrics = (host / "state/rigops_gpu_health.prom").read_text()
+    assert 'rigops_vllm_instance_gpu_healthy{vllm_instance="solo"} 0' in metrics
+    assert oct((host / "state/rigops_gpu_health.prom").stat().st_mode & 0o777) == "0o644"
+    res = script(host, "status")
+    assert res.returncode == 1 and json.loads(res.stdout)["instances"]["solo"]["healthy"] is False
+
+    res = script(host, "ack", bus)
+    assert res.returncode == 0 and "1 Xid line(s) acknowledged" in res.stdout
+    assert oct((host / "state/acked.json").stat().st_mode & 0o777) == "0o600"
+    res = script(host, "check")
+    assert res.returncode == 0, res.stdout
+
+
+def test_script_refuses_a_broken_config_and_names_the_key(host):
+    config = json.loads((host / "config.json").read_text())
+    del config["kernel_log"]
+    (host / "config.json").write_text(json.dumps(config))
+    res = script(host, "check")
+    assert res.returncode == 2 and "config: kernel_log missing" in res.stderr
+    res = script(host, "status", "0000:07:00.0")
+    assert res.returncode == 2 and "a GPU is given to ack only" in res.stderr
