@@ -10,6 +10,12 @@ exposed as filters:
   port, bind, served_name, require_key, ref, connect, problem}]}]``;
 - ``hosts | rigops.fleet.gateway_failed_hosts(hostvars)``: the rigs that failed a stage of this run or
   were stopped (left out of the routing table);
+- ``backends | rigops.fleet.gateway_drain(drained, part)``: the backends without the drained rigs and
+  instances (``part`` kept), or only those (``part`` drained); ``drained`` lists ``host`` and
+  ``host/instance`` refs, as the gateway's drains file records them (playbooks/drain.yml);
+- ``targets | rigops.fleet.gateway_drain_targets(backends)``: ``{refs, problems}`` of operator targets
+  ``HOST`` or ``HOST:INSTANCE`` against the rigs' instances;
+- ``recorded | rigops.fleet.gateway_drains_update(action, targets)``: the drained refs after this run;
 - ``backends | rigops.fleet.gateway_key_reads(hostvars)``: the key files the play still has to read
   on the rigs (instances whose key neither the ``vllm_service_keys`` fact nor the inventory gives);
 - ``backends | rigops.fleet.gateway_upstream_keys(hostvars, slurped, remotes)``: ``{ref: key}`` of
@@ -161,6 +167,65 @@ def backends(hosts, hostvars, gateway, addresses=None):
             entry["instances"].append(item)
         out.append(entry)
     return out
+
+
+def drain(entries, drained, part="kept"):
+    """The backends without what ``drained`` names (``part`` kept), or with only that (``part`` drained).
+
+    ``drained``: refs ``host`` (every instance of the rig) and ``host/instance``. A drained instance is
+    left out of the routing table like a rig of llm_gateway_exclude_hosts: its names stay known, an
+    alias goes on to its next target.
+    """
+    if part not in ("kept", "drained"):
+        raise ValueError(f"part must be kept or drained, not {part!r}")
+    drained = {str(d) for d in _plain(drained or [])}
+    out = []
+    for entry in _plain(entries or []):
+        whole = entry["host"] in drained
+        chosen = [i for i in entry["instances"] if (whole or i["ref"] in drained) == (part == "drained")]
+        if chosen or (part == "kept" and entry.get("problem")):
+            out.append(dict(entry, instances=chosen))
+    return out
+
+
+def drains_update(recorded, action, targets):
+    """The drained refs after ``action`` (drain or undrain) on operator ``targets`` (HOST or HOST:INSTANCE).
+
+    Undraining a rig puts back its drained instances too. Sorted, each once: the file stays the same
+    when nothing changes.
+    """
+    drained = {str(r) for r in _plain(recorded or [])}
+    refs = {str(t).replace(":", "/", 1) for t in _plain(targets or [])}
+    if action == "drain":
+        drained |= refs
+    elif action == "undrain":
+        drained = {r for r in drained if r not in refs and r.split("/", 1)[0] not in refs}
+    else:
+        raise ValueError(f"llm_gateway_drain_action must be drain or undrain, not {action!r}")
+    return sorted(drained)
+
+
+def drain_targets(targets, entries):
+    """``{refs, problems}``: operator targets ``HOST`` or ``HOST:INSTANCE`` as drains-file refs."""
+    instances = {e["host"]: [i["name"] for i in e["instances"]] for e in _plain(entries or [])}
+    refs, problems = [], []
+    for target in _plain(targets or []):
+        host, _, name = str(target).partition(":")
+        if host not in instances:
+            problems.append(
+                f"{target!r}: no rig {host!r} behind this gateway; rigs: {', '.join(sorted(instances)) or 'none'}"
+            )
+        elif name and name not in instances[host]:
+            problems.append(
+                f"{target!r}: {host} has no instance {name!r}; its instances: {', '.join(instances[host]) or 'none'}"
+            )
+        else:
+            ref = f"{host}/{name}" if name else host
+            if ref not in refs:
+                refs.append(ref)
+    if not refs and not problems:
+        problems.append("no target given: HOST or HOST:INSTANCE (rigops_drain_targets)")
+    return {"refs": refs, "problems": problems}
 
 
 def _connect(host, address, given, same, bind, item, gateway):
@@ -713,6 +778,9 @@ class FilterModule:
         return {
             "gateway_backends": _filter(backends),
             "gateway_failed_hosts": _filter(failed_hosts),
+            "gateway_drain": _filter(drain),
+            "gateway_drain_targets": _filter(drain_targets),
+            "gateway_drains_update": _filter(drains_update),
             "gateway_key_reads": _filter(key_reads),
             "gateway_upstream_keys": _filter(upstream_keys),
             "gateway_problems": _filter(problems),

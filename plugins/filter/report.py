@@ -138,6 +138,7 @@ def rig_report(
             "url": gateway.get("url"),
             "clients": gateway.get("clients") or {},
             "not_gated": sorted(gateway.get("not_gated") or {}),
+            "drained": sorted(gateway.get("drained") or []),
         }
     entry["removed"] = sorted(r.get("name") if isinstance(r, dict) else str(r) for r in removed or [])
     entry["stages"] = {
@@ -185,6 +186,8 @@ def report_line(entry) -> str:
         line += f" gateway={show(gateway.get('url'))} clients: {clients or '-'}"
         if gateway.get("not_gated"):
             line += f" (not gated: {', '.join(gateway['not_gated'])})"
+        if gateway.get("drained"):
+            line += f" drained: {', '.join(gateway['drained'])}"
     if entry.get("reason"):
         line += f" | why: {' '.join(entry['reason'].split())[:300]}"
     return line

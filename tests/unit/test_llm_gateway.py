@@ -171,6 +171,46 @@ def test_a_rig_left_out_keeps_its_names_known_with_no_upstream():
     assert plan["big-r"]["why"] == "llm_gateway_gate_skip" and plan["chat"]["gate"] is True
 
 
+def test_drains_take_rigs_and_instances_out_and_keep_their_names_known():
+    b = [
+        backend("rig-a", instance("rig-a/alpha", "tiny-a", 8001), instance("rig-a/beta", "tiny-b", 8002)),
+        backend("rig-c", instance("rig-c/gamma", "tiny-c", 8003)),
+    ]
+    kept = gw.drain(b, ["rig-a/alpha", "rig-c"], "kept")
+    drained = gw.drain(b, ["rig-a/alpha", "rig-c"], "drained")
+    assert [(e["host"], [i["name"] for i in e["instances"]]) for e in kept] == [("rig-a", ["beta"])]
+    assert [(e["host"], [i["name"] for i in e["instances"]]) for e in drained] == [
+        ("rig-a", ["alpha"]),
+        ("rig-c", ["gamma"]),
+    ]
+    assert gw.drain(b, [], "kept") == b and gw.drain(b, [], "drained") == []
+    routes = {r["name"]: r for r in gw.table(spec(backends=kept, excluded_backends=drained,
+                                                 keys_present=["rig-a/beta"]))["routes"]}  # fmt: skip
+    assert routes["tiny-a"]["hops"] == [] and [h["label"] for h in routes["chat"]["hops"]][0] == "rig-a/beta"
+    with pytest.raises(ValueError, match="kept or drained"):
+        gw.drain(b, [], "half")
+
+
+def test_drain_targets_name_what_exists_and_updates_are_stable():
+    b = [backend("rig-a", instance("rig-a/alpha", "tiny-a", 8001)), backend("rig-c")]
+    assert gw.drain_targets(["rig-a:alpha", "rig-c", "rig-a:alpha"], b) == {
+        "refs": ["rig-a/alpha", "rig-c"],
+        "problems": [],
+    }
+    assert gw.drain_targets(["rig-z", "rig-a:omega"], b)["problems"] == [
+        "'rig-z': no rig 'rig-z' behind this gateway; rigs: rig-a, rig-c",
+        "'rig-a:omega': rig-a has no instance 'omega'; its instances: alpha",
+    ]
+    assert gw.drain_targets([], b)["problems"] == ["no target given: HOST or HOST:INSTANCE (rigops_drain_targets)"]
+    assert gw.drains_update([], "drain", ["rig-a:alpha", "rig-c"]) == ["rig-a/alpha", "rig-c"]
+    assert gw.drains_update(["rig-a/alpha", "rig-c"], "drain", ["rig-c"]) == ["rig-a/alpha", "rig-c"]
+    # undraining a rig puts back its drained instances too
+    assert gw.drains_update(["rig-a/alpha", "rig-a", "rig-c"], "undrain", ["rig-a"]) == ["rig-c"]
+    assert gw.drains_update(["rig-c"], "drain", []) == ["rig-c"]
+    with pytest.raises(ValueError, match="drain or undrain"):
+        gw.drains_update([], "pause", ["rig-c"])
+
+
 def _edit(path, value):
     s = spec()
     target = s
@@ -335,6 +375,7 @@ class Upstream:
 
     def __init__(self, key, model, tls=None, delay=0.3):
         self.key, self.model, self.tls, self.delay = key, model, tls, delay
+        self.fail_with = None  # a status every POST answers, as a sick vLLM's 500
         self.seen = []
         self.server = None
         self.port = 0
@@ -388,6 +429,8 @@ class Upstream:
                     body = raw.decode("utf-8", "replace")
                 if not self._authorized(body):
                     return
+                if outer.fail_with:
+                    return self._json(outer.fail_with, {"error": {"message": "EngineCore encountered an issue."}})
                 if not isinstance(body, dict) or body.get("model") != outer.model:
                     name = body.get("model") if isinstance(body, dict) else None
                     return self._json(404, {"error": {"message": f"The model `{name}` does not exist.", "code": 404}})
@@ -908,8 +951,9 @@ def test_fallback_on_a_refused_upstream_benches_it_and_returns(gateway):
         assert status == 502 and body["error"]["type"] == "upstream_unavailable"
         log = [e for e in gateway.log() if e["model"] in ("chat", "far")][-3:]
         # the first: alpha refused, then beta; the second: alpha benched (not tried), beta at once
-        assert log[0]["upstream"].startswith(f"127.0.0.1:{port} : ") and log[0]["target"] == "rig-b/beta"
-        assert log[0]["upstream_status"] == "502 : 200"
+        # alpha refused, the placeholder beside it too (it exists to be tried next), then beta answered
+        assert log[0]["upstream"].startswith(f"127.0.0.1:{port}, unix:") and log[0]["target"] == "rig-b/beta"
+        assert log[0]["upstream_status"] == "502, 502 : 200"
         assert log[1]["upstream"].startswith("u0b : ") and log[1]["target"] == "rig-b/beta"
         assert log[2]["target"] == "remote:hosted"
         assert float(log[0]["request_time"]) < 0.1 and first < 1.0, (log[0], first)
@@ -920,6 +964,71 @@ def test_fallback_on_a_refused_upstream_benches_it_and_returns(gateway):
     while time.time() < deadline and gateway.chat("chat")[1].get("model") != "tiny-a":
         time.sleep(0.5)
     assert gateway.chat("chat")[1]["model"] == "tiny-a"
+    assert gateway.chat("tiny-a")[0] == 200
+
+
+@needs_nginx
+def test_an_upstream_answering_500_is_benched_like_a_refused_one(gateway):
+    alpha = gateway.up["alpha"]
+    alpha.fail_with = 500
+    alpha_posts = len([s for s in alpha.seen if s["method"] == "POST"])
+    try:
+        status, body = gateway.chat("chat")
+        assert status == 200 and body["model"] == "tiny-b"
+        status, body = gateway.chat("chat")
+        assert status == 200 and body["model"] == "tiny-b"
+        log = [e for e in gateway.log() if e["model"] == "chat"][-2:]
+        # alpha's 500, the placeholder (never a real upstream) refused, then beta answered
+        assert log[0]["upstream_status"] == "500, 502 : 200" and log[0]["target"] == "rig-b/beta"
+        assert log[0]["upstream"].startswith(f"127.0.0.1:{alpha.port}, unix:")
+        assert len([s for s in alpha.seen if s["method"] == "POST"]) == alpha_posts + 1
+        # benched: alpha is not tried
+        assert f":{alpha.port}" not in log[1]["upstream"] and log[1]["target"] == "rig-b/beta"
+    finally:
+        alpha.fail_with = None
+    time.sleep(2.2)  # llm_gateway_bench_seconds
+    deadline = time.time() + 10
+    while time.time() < deadline and gateway.chat("chat")[1].get("model") != "tiny-a":
+        time.sleep(0.5)
+    assert gateway.chat("chat")[1]["model"] == "tiny-a"
+
+
+def reconfigure(gateway, *extra):
+    """The role's preflight and configure again, the staging set put live and nginx reloaded onto it."""
+    rc, out = playbook(gateway.tmp, gateway.inv, *extra)
+    if rc != 0:
+        return rc, out
+    assert tool("promote", str(gateway.etc)).returncode == 0
+    assert gateway.nginx("-s", "reload").returncode == 0
+    # every new connection on the new config: an old worker may still accept one just after the first answer
+    for _ in range(5):
+        gateway.wait_config(gateway.live_id())
+        time.sleep(0.2)
+    return rc, out
+
+
+@needs_nginx
+def test_a_drained_instance_leaves_the_routing_until_undrained(gateway):
+    drains = gateway.etc / "drains.json"
+    drains.write_text(json.dumps({"drained": ["gw/alpha"]}))  # as a run of playbooks/drain.yml keeps it
+    try:
+        rc, out = reconfigure(gateway)
+        assert rc == 0, out[-3000:]
+        status, body = gateway.chat("chat")
+        assert status == 200 and body["model"] == "tiny-b"
+        status, body = gateway.chat("tiny-a")
+        assert status == 503 and body["error"]["type"] == "overloaded_error"
+        # a bad target changes nothing and names the rigs there are
+        rc, out = playbook(gateway.tmp, gateway.inv, "-e", json.dumps({"llm_gateway_drain_targets": ["rig-z:x"]}))
+        assert rc != 0 and "no rig 'rig-z' behind this gateway; rigs: gw, rig-b, rig-c" in out, out[-3000:]
+        # undrained by name in this run: back in the routing table
+        undrain = {"llm_gateway_drain_targets": ["gw"], "llm_gateway_drain_action": "undrain"}
+        rc, out = reconfigure(gateway, "-e", json.dumps(undrain))
+        assert rc == 0, out[-3000:]
+        assert gateway.chat("chat")[1]["model"] == "tiny-a"
+    finally:
+        drains.unlink()
+        assert reconfigure(gateway)[0] == 0
     assert gateway.chat("tiny-a")[0] == 200
 
 

@@ -101,3 +101,13 @@ def test_instances_removed_in_this_run_are_listed():
     )
     assert entry["removed"] == ["old"]
     assert " removed=old" in rigops_report.report_line(entry)
+
+
+def test_the_gateway_line_names_what_is_drained():
+    stages = ["gateway"]
+    summary = {"url": "https://gw:8443/v1", "clients": {"dev": ["tiny"]}, "not_gated": {}, "drained": ["rig2/chat"]}
+    entry = rigops_report.rig_report("gw", {"gateway": passed()}, {}, {"gateway": summary}, stages)
+    line = rigops_report.report_line(entry)
+    assert line.endswith(" gateway=https://gw:8443/v1 clients: dev -> tiny drained: rig2/chat")
+    entry = rigops_report.rig_report("gw", {"gateway": passed()}, {}, {"gateway": dict(summary, drained=[])}, stages)
+    assert "drained" not in rigops_report.report_line(entry)

@@ -240,6 +240,11 @@ CASES = {
         ),
     },
     "llm_gateway": {
+        "drain action unknown": (
+            {"llm_gateway_drain_action": "pause"},
+            "spec",
+            "value of llm_gateway_drain_action must be one of: drain, undrain, got: pause",
+        ),
         "client without a key": (
             {"llm_gateway_clients": [{"name": "alice", "models": "*"}]},
             "spec",

@@ -380,3 +380,29 @@ def test_a_client_removed_from_the_inventory_is_revoked(host):
     assert rc == 0, out[-3000:]
     assert chat_model(host, key, "tiny-a") == (200, "tiny-a")
     assert json.loads(host.check_output("cat /var/lib/rigops/stages/gateway.json"))["status"] == "passed"
+
+
+@pytest.mark.changes_state
+def test_a_drained_instance_stays_drained_through_a_rerun_until_undrained(host):
+    key = put_key(host, "dev")
+
+    def drain(action, *targets):
+        extra = {"llm_gateway_drain_action": action, "llm_gateway_drain_targets": list(targets)}
+        return ansible_playbook(ROOT / "playbooks" / "drain.yml", "-e", json.dumps(extra))
+
+    rc, out = drain("drain", "vs-rig:alpha")  # ./rigops drain vs-rig:alpha
+    assert rc == 0, out[-3000:]
+    assert json.loads(host.check_output("cat /etc/rigops-llm-gateway/drains.json")) == {"drained": ["vs-rig/alpha"]}
+    assert chat_model(host, key, "tiny") == (200, "tiny-b")
+    assert chat_model(host, key, "tiny-a") == (503, "overloaded_error")
+    # the gateway stage of the main job, which names no drain, keeps it
+    rc, out = ansible_playbook(ROOT / "playbooks" / "gateway.yml")
+    assert rc == 0, out[-3000:]
+    assert chat_model(host, key, "tiny") == (200, "tiny-b")
+    # a target that is not there changes nothing and says what is
+    rc, out = drain("drain", "vs-rig:omega")
+    assert rc != 0 and "vs-rig has no instance 'omega'; its instances: alpha, beta" in out, out[-3000:]
+    rc, out = drain("undrain", "vs-rig")
+    assert rc == 0, out[-3000:]
+    assert json.loads(host.check_output("cat /etc/rigops-llm-gateway/drains.json")) == {"drained": []}
+    assert chat_model(host, key, "tiny") == (200, "tiny-a")
