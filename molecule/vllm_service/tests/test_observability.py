@@ -78,7 +78,7 @@ def test_config_and_rules_files_checked_by_promtool(host):
         f = host.file(path)
         assert (f.user, f.group, f.mode) == ("root", "root", 0o644), path
     res = host.run("promtool check config /etc/prometheus/prometheus.yml")
-    assert res.rc == 0 and "SUCCESS: 9 rules found" in res.stdout + res.stderr, res.stdout + res.stderr
+    assert res.rc == 0 and "SUCCESS: 12 rules found" in res.stdout + res.stderr, res.stdout + res.stderr
     proxy = json.loads(host.file("/etc/rigops/metrics-proxy.json").content_string)
     assert proxy["instances"] == {n: {"host": "127.0.0.1", "port": p} for n, (p, _) in INSTANCES.items()}
     assert proxy["gpu"] is False  # cpu flavour
@@ -107,9 +107,9 @@ def test_prometheus_reaches_every_instance_and_node_exporter(host):
 
 def test_the_rules_are_loaded_and_quiet(host):
     groups = {g["name"]: g for g in api(host, "/api/v1/rules")["groups"]}
-    assert set(groups) == {"rigops-vllm", "rigops-gpu", "rigops-gateway"}
+    assert set(groups) == {"rigops-vllm", "rigops-gpu", "rigops-gpu-health", "rigops-gateway"}
     rules = [r for g in groups.values() for r in g["rules"]]
-    assert len(rules) == 9 and {r["health"] for r in rules} == {"ok"}, [r.get("lastError") for r in rules]
+    assert len(rules) == 12 and {r["health"] for r in rules} == {"ok"}, [r.get("lastError") for r in rules]
     wait_for("every target up", lambda: all_up(host))
     firing = [a["labels"]["alertname"] for a in api(host, "/api/v1/alerts")["alerts"]]
     assert firing == []
