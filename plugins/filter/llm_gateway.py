@@ -210,7 +210,7 @@ def drain_targets(targets, entries):
     instances = {e["host"]: [i["name"] for i in e["instances"]] for e in _plain(entries or [])}
     refs, problems = [], []
     for target in _plain(targets or []):
-        host, _, name = str(target).partition(":")
+        host, name = (str(target).split(":", 1) + [""])[:2]
         if host not in instances:
             problems.append(
                 f"{target!r}: no rig {host!r} behind this gateway; rigs: {', '.join(sorted(instances)) or 'none'}"
