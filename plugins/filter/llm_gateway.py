@@ -228,6 +228,23 @@ def drain_targets(targets, entries):
     return {"refs": refs, "problems": problems}
 
 
+def health_sources(entries, hosts, hostvars, port=9402):
+    """The health feed's sources: for each rig of ``entries`` (backends in the routing table) that is one of
+    ``hosts`` (the rigs running the GPU health sentinel), the URL of its sentinel's state and the instances
+    routed to there. The port: the rig's gpu_health_port, else ``port``; a rig whose port is 0 serves none.
+    The gateway's own host is read on loopback, another at the address its instances are reached at."""
+    hosts = {str(h) for h in _plain(hosts or [])}
+    out = []
+    for entry in _plain(entries or []):
+        names = [i["name"] for i in entry["instances"]]
+        rig_port = int(_hostvar(hostvars, entry["host"], "gpu_health_port", port) or 0)
+        if entry["host"] not in hosts or not names or rig_port == 0:
+            continue
+        address = "127.0.0.1" if entry["same_host"] else entry["address"]
+        out.append({"host": entry["host"], "url": f"http://{_hostport(address, rig_port)}/state", "instances": names})
+    return out
+
+
 def _connect(host, address, given, same, bind, item, gateway):
     port = item["port"]
     if not isinstance(port, int) or isinstance(port, bool):
@@ -714,19 +731,25 @@ def js_table(tbl):
         "routes": {
             r["name"]: {"hop": r["hops"][0]["id"] if r["hops"] else "", "kind": r["kind"]} for r in tbl["routes"]
         },
-        "hops": {h["id"]: {"model": h["model"], "label": h["label"]} for r in tbl["routes"] for h in r["hops"]},
+        "hops": {
+            h["id"]: {"model": h["model"], "label": h["label"], "next": h["next"] or ""}
+            for r in tbl["routes"]
+            for h in r["hops"]
+        },
         "names": tbl["names"],
         "who": {c["name"]: c["hash"] for c in tbl["clients"]},
     }
     return json.dumps(data, ensure_ascii=True, sort_keys=True, separators=(",", ":"))
 
 
-def gate_plan(tbl, down=None, skip=None):
+def gate_plan(tbl, down=None, skip=None, drained=None):
     """[{name, gate, why}]: the gate sends a chat to each name with at least one reachable upstream
-    (``down``: refs the probe did not reach), except the names in ``skip`` (llm_gateway_gate_skip)."""
+    (``down``: refs the probe did not reach; ``drained``: refs the health feed routes around), except the
+    names in ``skip`` (llm_gateway_gate_skip)."""
     tbl = _plain(tbl)
     down = set(_plain(down or []))
     skip = set(_plain(skip or []))
+    drained = set(_plain(drained or []))
     plan = []
     for route in tbl["routes"]:
         refs = [h["upstream_ref"] for h in route["hops"]]
@@ -734,7 +757,9 @@ def gate_plan(tbl, down=None, skip=None):
             plan.append({"name": route["name"], "gate": False, "why": "llm_gateway_gate_skip"})
         elif not refs:
             plan.append({"name": route["name"], "gate": False, "why": "no upstream is in the routing table"})
-        elif all(ref in down for ref in refs):
+        elif all(ref in drained for ref in refs):
+            plan.append({"name": route["name"], "gate": False, "why": "drained by GPU health: " + ", ".join(refs)})
+        elif all(ref in down or ref in drained for ref in refs):
             plan.append({"name": route["name"], "gate": False, "why": "unreachable: " + ", ".join(refs)})
         else:
             plan.append({"name": route["name"], "gate": True, "why": ""})
@@ -781,6 +806,7 @@ class FilterModule:
             "gateway_drain": _filter(drain),
             "gateway_drain_targets": _filter(drain_targets),
             "gateway_drains_update": _filter(drains_update),
+            "gateway_health_sources": _filter(health_sources),
             "gateway_key_reads": _filter(key_reads),
             "gateway_upstream_keys": _filter(upstream_keys),
             "gateway_problems": _filter(problems),

@@ -1,7 +1,7 @@
 """The report of one host of a job, from this run's stage results and the host's stage records.
 
 Used by playbooks/report.yml, for both jobs (gpu_rigs: driver, topology, runtime, weights,
-services, health; jetson: platform, runtime, weights, services, health):
+services, health, gpu_health; jetson: platform, runtime, weights, services, health):
 
     {{ host | rig_report(results, records, summaries, stages, reached, current_stage, stopped_by, job) }}
     {{ entry | report_line }}
@@ -129,6 +129,11 @@ def rig_report(
     entry["instances"] = [
         dict(figures, name=name) for name, figures in sorted(service.items()) if name not in HEALTH_EXTRAS
     ]
+    if "gpu_health" in stages:
+        sentinel = views.get("gpu_health", {}).get("summary") or {}
+        entry["gpu_health"] = (
+            {k: sentinel.get(k) for k in ("healthy", "problems", "warnings", "unhealthy_gpus")} if sentinel else None
+        )
     if "platform" in stages:
         platform = views.get("platform", {}).get("summary") or {}
         entry["health"] = service.get("_tegrastats") or platform.get("health") or {}
@@ -178,6 +183,15 @@ def report_line(entry) -> str:
             f"{entry['host']}: {entry['status']}; driver={show(entry.get('driver'))} gpus={show(entry.get('gpus'))} "
             f"topology={topology} runtime={show(entry.get('runtime_release'))} instances={instances or '-'}"
         )
+        if "gpu_health" in entry:
+            sentinel = entry["gpu_health"]
+            line += " gpu_health=" + (
+                "-"
+                if not sentinel
+                else "healthy"
+                if sentinel["healthy"]
+                else f"UNHEALTHY ({'; '.join(sentinel.get('problems') or []) or 'see rigops-gpu-health status'})"
+            )
     if entry.get("removed"):
         line += f" removed={','.join(entry['removed'])}"
     gateway = entry.get("gateway")

@@ -36,16 +36,28 @@ from ansible.plugins.lookup import LookupBase
 from ansible_collections.rigops.fleet.plugins.module_utils import (
     gpu_health,
     gpu_health_sentinel,
+    llm_gateway_health_feed,
     nvidia_smi,
+    state_file,
     vllm_config,
     vllm_instances,
 )
 
 # What a host runs outside Ansible: the vLLM launcher (roles/vllm_service/files/rigops-vllm-launch)
 # imports vllm_config, which imports vllm_instances; the GPU health sentinel (roles/gpu_health/files/rigops-gpu-health)
-# imports gpu_health_sentinel, which imports gpu_health and nvidia_smi.
+# imports gpu_health_sentinel, which imports gpu_health and nvidia_smi, and state_file; the gateway's health feed
+# (roles/llm_gateway/files/rigops-llm-gateway-health) imports llm_gateway_health_feed and state_file.
 SHIPPED = {
-    m.__name__.rsplit(".", 1)[-1]: m for m in (vllm_config, vllm_instances, gpu_health, gpu_health_sentinel, nvidia_smi)
+    m.__name__.rsplit(".", 1)[-1]: m
+    for m in (
+        vllm_config,
+        vllm_instances,
+        gpu_health,
+        gpu_health_sentinel,
+        nvidia_smi,
+        state_file,
+        llm_gateway_health_feed,
+    )
 }
 
 

@@ -18,10 +18,8 @@ Host side: Python 3.8 and the standard library only. Nothing here resets or rebo
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import subprocess
-import tempfile
 
 from ansible_collections.rigops.fleet.plugins.module_utils import gpu_health
 from ansible_collections.rigops.fleet.plugins.module_utils.nvidia_smi import normalize_bus_id
@@ -41,15 +39,6 @@ CONFIG_KEYS = (
 )
 
 
-def load_json(path, default=None):
-    """The JSON document at ``path``; ``default`` when the file is absent."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return json.load(handle)
-    except FileNotFoundError:
-        return default
-
-
 def check_config(config):
     """Problems of a sentinel config (the role writes it; a hand edit may break it)."""
     problems = [f"config: {key} missing" for key in CONFIG_KEYS if key not in config]
@@ -57,6 +46,14 @@ def check_config(config):
         value = config.get(key)
         if key in config and not (isinstance(value, list) and value and all(isinstance(v, str) for v in value)):
             problems.append(f"config: {key} must be a command as a list of strings")
+    listen = config.get("listen", {"address": "127.0.0.1", "port": 0})
+    if not (
+        isinstance(listen, dict)
+        and isinstance(listen.get("address"), str)
+        and isinstance(listen.get("port"), int)
+        and 0 <= listen["port"] <= 65535
+    ):
+        problems.append("config: listen must be {address: an address, port: 0 (none) to 65535}")
     recover = config.get("recover_checks")
     if "recover_checks" in config and not (isinstance(recover, int) and recover >= 1):
         problems.append("config: recover_checks must be a whole number of at least 1")
@@ -190,6 +187,7 @@ def check(config, previous=None, acked=(), run=run_command, now=0.0):
     return {
         "version": STATE_VERSION,
         "checked_at": now,
+        "interval": config["interval"],
         "healthy": result["healthy"] and not errors,
         "errors": errors,
         "gpus": result["gpus"],
@@ -199,7 +197,7 @@ def check(config, previous=None, acked=(), run=run_command, now=0.0):
     }
 
 
-def metrics(state, config):
+def metrics(state):
     """The state in Prometheus' text format, for node exporter's textfile collector."""
     result = {"healthy": state["healthy"], "gpus": state["gpus"]}
     lines = [gpu_health.prometheus(result, state["instances"]).rstrip("\n")]
@@ -248,16 +246,12 @@ def summary(state, host):
     }
 
 
-def write_atomic(path, text, mode=0o644):
-    """Write ``text`` to ``path`` through a temporary file and a rename: a reader never sees half of it."""
-    folder = os.path.dirname(path) or "."
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+def served_state(state, now):
+    """What the sentinel answers on GET /state (the gateway's health feed reads it): the state without the
+    acknowledged lines' ids, with its age by this host's clock (no other host's clock is compared with it)
+    and the interval, so a reader can tell a state the sentinel stopped renewing."""
+    if state is None:
+        return None
+    out = {k: v for k, v in state.items() if k != "acked"}
+    out["age_seconds"] = round(max(0.0, now - state["checked_at"]), 3)
+    return out

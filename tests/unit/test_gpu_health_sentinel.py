@@ -10,19 +10,25 @@ import json
 import os
 import re
 import shutil
+import socket
 import stat
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
 from ansible_collections.rigops.fleet.plugins.filter import gpu_health as gpu_health_filter
 from ansible_collections.rigops.fleet.plugins.module_utils import gpu_health_sentinel as sentinel
+from ansible_collections.rigops.fleet.plugins.module_utils import llm_gateway_health_feed as feed
 
 ROOT = Path(__file__).resolve().parents[2]
 A100 = ROOT / "tests/fixtures/nvidia-smi/real/x01_telegraf_a100_sxm4_80gb_mig_v12.xml"
 SCRIPT = ROOT / "roles/gpu_health/files/rigops-gpu-health"
-SHIPPED = ["gpu_health", "gpu_health_sentinel", "nvidia_smi"]
+SHIPPED = ["gpu_health", "gpu_health_sentinel", "nvidia_smi", "state_file"]
+FEED_SCRIPT = ROOT / "roles/llm_gateway/files/rigops-llm-gateway-health"
 
 
 def a100_bus_id():
@@ -96,6 +102,16 @@ def test_config_check_names_each_bad_key():
         "config: nvidia_smi must be a command as a list of strings",
         "config: recover_checks must be a whole number of at least 1",
     ]
+    assert sentinel.check_config(dict(good, listen={"address": "0.0.0.0", "port": 70000})) == [
+        "config: listen must be {address: an address, port: 0 (none) to 65535}"
+    ]
+
+
+def test_served_state_has_its_age_and_no_acknowledged_line_ids():
+    state = {"checked_at": 100.0, "interval": 15, "instances": {}, "acked": ["abc"]}
+    assert sentinel.served_state(state, 112.5) == {"checked_at": 100.0, "interval": 15, "instances": {},
+                                                  "age_seconds": 12.5}  # fmt: skip
+    assert sentinel.served_state(None, 1.0) is None
 
 
 # --------------------------------------------------------------------------- rounds
@@ -118,6 +134,7 @@ def config_for(bus, recover=2):
         "instances": [{"name": "solo", "indices": [0], "gpus": [bus]}],
         "recover_checks": recover,
         "ignore_xids": [],
+        "interval": 15,
     }
 
 
@@ -167,12 +184,12 @@ def test_metrics_and_summary():
     bus = a100_bus_id()
     sick = xid_line(bus, 48, "An uncorrectable double bit error (DBE) has been detected on GPU in the framebuffer.")
     state = sentinel.check(config_for(bus), None, run=fake_run(A100.read_text(), sick), now=1700000000.5)
-    text = sentinel.metrics(state, config_for(bus))
+    text = sentinel.metrics(state)
     assert 'rigops_vllm_instance_routable{vllm_instance="solo"} 0' in text
     assert "rigops_gpu_health_last_check_timestamp_seconds 1700000000.500" in text
     assert "rigops_gpu_health_errors 0" in text
     assert not re.search(r'[{,]instance="', text)  # Prometheus' own label: the instance is vllm_instance
-    assert text == sentinel.metrics(state, config_for(bus))
+    assert text == sentinel.metrics(state)
     summary = gpu_health_filter.gpu_health_summary(state, "rig1")
     assert summary["host"] == "rig1" and not summary["healthy"] and summary["unhealthy_gpus"] == [bus]
     assert summary["instances"] == {"solo": False}
@@ -213,9 +230,16 @@ def host(tmp_path):
         "state_file": str(state / "state.json"),
         "acks_file": str(state / "acked.json"),
         "textfile": str(state / "rigops_gpu_health.prom"),
+        "listen": {"address": "127.0.0.1", "port": free_port()},
     }
     (tmp_path / "config.json").write_text(json.dumps(config))
     return tmp_path
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 # The host's python3, as the service runs it (-E -s: nothing of this checkout's environment; the script's folder
@@ -251,14 +275,36 @@ def test_script_check_ack_status_and_the_service_loop(host):
         [*PYTHON, str(host / "lib/rigops-gpu-health"), "run", "--config", str(host / "config.json")],
         env={"PATH": os.environ["PATH"]},
     )
+    url = "http://127.0.0.1:{}/state".format(json.loads((host / "config.json").read_text())["listen"]["port"])
     try:
         for _ in range(100):
             if (host / "state/rigops_gpu_health.prom").exists():
                 break
-            subprocess.run(["sleep", "0.1"], check=True)
+            time.sleep(0.1)
+        # GET /state: what the gateway's health feed reads; the feed drains the instance on the sick GPU
+        state, error = feed.fetch_state(url, 3)
+        assert error is None and state["instances"]["solo"]["routable"] is False, (state, error)
+        assert "acked" not in state and 0 <= state["age_seconds"] < 5 and state["interval"] == 1
+        doc = feed.poll([{"host": "rig", "url": url, "instances": ["solo"]}], feed.fetch_state)
+        assert doc["drained"] == ["rig/solo"] and doc["hosts"]["rig"]["status"] == "ok"
+        assert "79" in " ".join(doc["why"]["rig/solo"]["findings"])
+        # the feed as the role installs it on a gateway: check prints the same, exit 1 (something drained)
+        feed_host = gateway_feed(host, [{"host": "rig", "url": url, "instances": ["solo"]}])
+        res = subprocess.run([*PYTHON, str(feed_host / "rigops-llm-gateway-health"), "check", "--config",
+                              str(feed_host / "feed.json")], capture_output=True, text=True, check=False,
+                             env={"PATH": os.environ["PATH"]})  # fmt: skip
+        assert res.returncode == 1 and json.loads(res.stdout)["drained"] == ["rig/solo"], res.stderr
+        # read-only: nothing but GET /state
+        for method, path, status in (("GET", "/", 404), ("POST", "/state", 405), ("DELETE", "/state", 405)):
+            with pytest.raises(urllib.error.HTTPError) as err:
+                urllib.request.urlopen(urllib.request.Request(url.replace("/state", path), method=method), timeout=3)
+            assert err.value.code == status
     finally:
         proc.terminate()
         assert proc.wait(timeout=10) == 0
+    # a sentinel that is not there drains nothing (fail open), and says why
+    doc = feed.poll([{"host": "rig", "url": url, "instances": ["solo"]}], feed.fetch_state, timeout=1)
+    assert doc["drained"] == [] and doc["hosts"]["rig"]["status"] == "unreachable"
     metrics = (host / "state/rigops_gpu_health.prom").read_text()
     assert 'rigops_vllm_instance_gpu_healthy{vllm_instance="solo"} 0' in metrics
     assert oct((host / "state/rigops_gpu_health.prom").stat().st_mode & 0o777) == "0o644"
@@ -270,6 +316,19 @@ def test_script_check_ack_status_and_the_service_loop(host):
     assert oct((host / "state/acked.json").stat().st_mode & 0o777) == "0o600"
     res = script(host, "check")
     assert res.returncode == 0, res.stdout
+
+
+def gateway_feed(host, sources):
+    """The gateway's health feed laid out as the llm_gateway role installs it, with its config."""
+    home = host / "feed"
+    package = home / "ansible_collections/rigops/fleet/plugins/module_utils"
+    package.mkdir(parents=True)
+    shutil.copy(FEED_SCRIPT, home / "rigops-llm-gateway-health")
+    for name in ("llm_gateway_health_feed", "state_file"):
+        shutil.copy(ROOT / f"plugins/module_utils/{name}.py", package / f"{name}.py")
+    config = {"interval": 1, "timeout": 2, "drained_file": str(home / "drained.json"), "sources": sources}
+    (home / "feed.json").write_text(json.dumps(config))
+    return home
 
 
 def test_script_refuses_a_broken_config_and_names_the_key(host):

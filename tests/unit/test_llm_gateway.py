@@ -495,6 +495,8 @@ def inventory(tmp, ports, up, certs):
         "llm_gateway_config_root": str(etc),
         "llm_gateway_log_dir": str(tmp / "log"),
         "llm_gateway_state_dir": str(tmp / "state"),
+        # pytest's folders are root's alone: the workers read the health feed's drained file there
+        "llm_gateway_worker_user": "root",
         "llm_gateway_pid_file": str(tmp / "nginx.pid"),
         "llm_gateway_tool_dir": str(ROLE / "files"),
         "llm_gateway_nginx": NGINX,
@@ -1029,6 +1031,38 @@ def test_a_drained_instance_leaves_the_routing_until_undrained(gateway):
     finally:
         drains.unlink()
         assert reconfigure(gateway)[0] == 0
+    assert gateway.chat("tiny-a")[0] == 200
+
+
+@needs_nginx
+def test_instances_the_health_feed_drained_are_routed_around_at_the_next_request(gateway):
+    """The drained file of rigops-llm-gateway-health, read by gateway.js on every request (no reload)."""
+    drained = gateway.tmp / "state" / "health" / "drained.json"
+    drained.parent.mkdir(exist_ok=True)
+    alpha_posts = len([s for s in gateway.up["alpha"].seen if s["method"] == "POST"])
+    try:
+        drained.write_text(json.dumps({"version": 1, "drained": ["gw/alpha"], "why": {}, "hosts": {}}))
+        status, body = gateway.chat("chat")
+        assert status == 200 and body["model"] == "tiny-b"
+        status, body = gateway.chat("far")
+        assert status == 200 and body["model"] == "big-r"
+        # a name with no other hop: 503, in the shape clients read
+        status, body = gateway.chat("tiny-a")
+        assert (
+            status == 503 and body["error"]["type"] == "overloaded_error" and "GPU health" in body["error"]["message"]
+        )
+        # alpha never saw one of them
+        assert len([s for s in gateway.up["alpha"].seen if s["method"] == "POST"]) == alpha_posts
+        log = [e for e in gateway.log() if e["model"] in ("chat", "far")][-2:]
+        assert [e["target"] for e in log] == ["rig-b/beta", "remote:hosted"]
+        # a file that cannot be read drains nothing (the feed fails open)
+        drained.write_text("{not json")
+        assert gateway.chat("chat")[1]["model"] == "tiny-a"
+        drained.write_text(json.dumps({"drained": ["gw/alpha", "rig-b/beta"]}))
+        assert gateway.chat("chat")[1]["model"] == "big-r"
+    finally:
+        drained.unlink()
+    assert gateway.chat("chat")[1]["model"] == "tiny-a"
     assert gateway.chat("tiny-a")[0] == 200
 
 

@@ -124,9 +124,9 @@ def test_each_job_reports_its_own_group(tmp_path):
 @pytest.mark.parametrize(
     "limit, plays",
     [
-        ("gpu-rigs", {"gpu-rigs": 7, "jetson": 0, "report": ["h100-01", "rig-5090-01"]}),
+        ("gpu-rigs", {"gpu-rigs": 8, "jetson": 0, "report": ["h100-01", "rig-5090-01"]}),
         ("jetson", {"gpu-rigs": 0, "jetson": 6, "report": ["thor-01"]}),
-        ("all", {"gpu-rigs": 7, "jetson": 6, "report": ["h100-01", "rig-5090-01", "thor-01"]}),
+        ("all", {"gpu-rigs": 8, "jetson": 6, "report": ["h100-01", "rig-5090-01", "thor-01"]}),
     ],
 )
 def test_site_runs_each_job_on_its_group_and_reports_once(limit, plays):
@@ -154,7 +154,7 @@ def test_report_takes_stages_from_the_records_on_the_rig(preflight, tmp_path):
     """A run that skipped every stage (only preflight and report) reports what the rig recorded."""
     stages = tmp_path / "stages"
     stages.mkdir()
-    for stage in ["driver", "topology", "runtime", "weights", "services", "health"]:
+    for stage in ["driver", "topology", "runtime", "weights", "services", "health", "gpu_health"]:
         summary = {"version": "595.45.04", "source": "ubuntu", "gpu_count": "8"} if stage == "driver" else {}
         record = {"stage": stage, "status": "passed", "time": "2026-11-30T01:00:00+00:00", "summary": summary}
         (stages / f"{stage}.json").write_text(json.dumps(record))

@@ -9,7 +9,7 @@ from ansible_collections.rigops.fleet.plugins.filter import report as rigops_rep
 ROOT = Path(__file__).resolve().parents[2]
 
 
-STAGES = ["driver", "topology", "runtime", "weights", "services", "health"]
+STAGES = ["driver", "topology", "runtime", "weights", "services", "health", "gpu_health"]
 DRIVER = {"version": "595.45.04", "source": "ubuntu", "gpu_count": "8"}
 TOPO = {"passed": True, "gpus": 8, "worst_link": "SYS", "problems": []}
 RUNTIME = {"release": "cpu-vllm0.32.0-abc", "vllm_version": "0.32.0"}
@@ -21,6 +21,7 @@ SUMMARIES = {
     "weights": {},
     "services": SERVICE,
     "health": SERVICE,
+    "gpu_health": {"healthy": True, "problems": [], "warnings": [], "unhealthy_gpus": [], "host": "rig", "gpus": 8},
 }
 
 
@@ -44,11 +45,22 @@ def test_every_stage_passed_in_this_run_is_ok():
     line = rigops_report.report_line(entry)
     assert line.startswith("rig: ok; driver=595.45.04 gpus=8 topology=pass runtime=cpu-vllm0.32.0-abc instances=chat")
     assert "first token 0.21 s" in line
+    assert line.endswith(" gpu_health=healthy")
+
+
+def test_a_rig_with_an_unhealthy_gpu_says_which_and_why():
+    sick = {"healthy": False, "problems": ["GPU 0 (0000:01:00.0): xid: Xid 79; reboot"], "warnings": []}
+    summaries = dict(SUMMARIES, gpu_health=sick)
+    entry = rigops_report.rig_report("rig", {s: passed() for s in STAGES}, {}, summaries, STAGES)
+    assert entry["gpu_health"]["healthy"] is False
+    assert rigops_report.report_line(entry).endswith(
+        " gpu_health=UNHEALTHY (GPU 0 (0000:01:00.0): xid: Xid 79; reboot)"
+    )
 
 
 def test_tagged_run_takes_skipped_stages_from_the_rig_records():
     this_run = {"services": passed(), "health": passed()}
-    records = {s: record("passed", SUMMARIES[s]) for s in ["driver", "topology", "runtime", "weights"]}
+    records = {s: record("passed", SUMMARIES[s]) for s in ["driver", "topology", "runtime", "weights", "gpu_health"]}
     entry = rigops_report.rig_report("rig", this_run, records, {"services": SERVICE, "health": SERVICE}, STAGES)
     assert entry["status"] == "ok"
     assert entry["driver"] == "595.45.04"

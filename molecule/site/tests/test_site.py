@@ -10,7 +10,7 @@ import pytest
 PORT = 8000
 SERVED = "qwen3.5-9b"
 BASE = f"http://127.0.0.1:{PORT}/v1"
-STAGES = ["driver", "topology", "runtime", "weights", "services", "health"]
+STAGES = ["driver", "topology", "runtime", "weights", "services", "health", "gpu_health"]
 
 
 def curl(host, path, key=None, body=None):

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.changes_state
 ROOT = Path(__file__).resolve().parents[3]
 SCENARIO = Path(os.environ.get("MOLECULE_SCENARIO_DIRECTORY", Path(__file__).resolve().parent.parent))
 ROLES = ["nvidia_driver", "gpu_topology", "vllm_runtime", "model_weights", "vllm_service"]
-STAGES = ["driver", "topology", "runtime", "weights", "services", "health"]
+STAGES = ["driver", "topology", "runtime", "weights", "services", "health", "gpu_health"]
 
 
 def part_tags(role):
@@ -36,6 +36,17 @@ def play(*args):
     these seven runs were nearly all of this scenario's verify."""
     rc, out = ansible_playbook(SCENARIO / "converge.yml", *args, strategy="mitogen_linear")
     return rc, re.sub(r"\x1b\[[0-9;]*m", "", out)
+
+
+def changed_tasks(out):
+    """The TASK lines of what a run changed (what an unexpected change needs to be found)."""
+    tasks, current = [], None
+    for line in out.splitlines():
+        if line.startswith("TASK ["):
+            current = line.rstrip(" *")
+        elif line.startswith("changed:") and current:
+            tasks.append(f"{current}: {line}")
+    return tasks
 
 
 def report_of(hostname):
@@ -63,7 +74,7 @@ def test_a_part_of_each_role_runs_alone_with_its_preflight(hostname, selection):
     rc, out = play("--tags", ",".join(selection))
     assert rc == 0, out[-4000:]
     counts = recap(out, hostname)
-    assert (counts["changed"], counts["unreachable"], counts["failed"]) == (0, 0, 0), out[-3000:]
+    assert (counts["changed"], counts["unreachable"], counts["failed"]) == (0, 0, 0), changed_tasks(out) or out[-3000:]
     for tag in selection:
         role = next(r for r in ROLES if tag.startswith(r + "_"))
         assert f"[rigops.fleet.{role} : Preflight |" in out, f"--tags {tag} ran no preflight task of {role}"

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from rigops_testinfra import ROOT, ansible_playbook
+from rigops_testinfra import ROOT, ansible_playbook, start_hosted_standin
 
 SCENARIO = Path(os.environ.get("MOLECULE_SCENARIO_DIRECTORY", Path(__file__).resolve().parent.parent))
 HOST_VARS = yaml.safe_load((SCENARIO / "molecule.yml").read_text())["provisioner"]["inventory"]["host_vars"]["vs-rig"]
@@ -68,67 +68,10 @@ def config_id(host, folder="live"):
     return host.check_output(f"cat {ETC}/{folder}/config_id").strip()
 
 
-# The hosted provider's stand-in: /v1/models and /v1/chat/completions (streamed or not) for the model
-# hosted-1, behind its own key; one JSON line per request with the headers it received.
-STANDIN = r"""
-import json, sys, time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-KEY, LOG = open(sys.argv[1]).read().strip(), sys.argv[2]
-class H(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    def log_message(self, *a): pass
-    def reply(self, status, obj):
-        data = json.dumps(obj).encode()
-        self.send_response(status); self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data))); self.end_headers(); self.wfile.write(data)
-    def allowed(self, body):
-        with open(LOG, "a") as fh:
-            fh.write(json.dumps({"path": self.path, "headers": dict(self.headers),
-                                 "model": (body or {}).get("model")}) + "\n")
-        if self.headers.get("Authorization") == "Bearer " + KEY:
-            return True
-        self.reply(401, {"error": {"message": "Incorrect API key provided", "type": "invalid_request_error"}})
-        return False
-    def do_GET(self):
-        if self.allowed(None):
-            self.reply(200, {"object": "list", "data": [{"id": "hosted-1", "object": "model"}]})
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-        if not self.allowed(body):
-            return
-        if body.get("model") != "hosted-1":
-            return self.reply(404, {"error": {"message": "model not found", "type": "invalid_request_error"}})
-        if not body.get("stream"):
-            choice = {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hi"}}
-            return self.reply(200, {"object": "chat.completion", "model": "hosted-1", "choices": [choice]})
-        self.send_response(200); self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Transfer-Encoding", "chunked"); self.end_headers()
-        for text in ("h", "i"):
-            event = {"object": "chat.completion.chunk", "model": "hosted-1",
-                     "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}
-            chunk = ("data: " + json.dumps(event) + "\n\n").encode()
-            self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk)); self.wfile.flush(); time.sleep(0.05)
-        chunk = b"data: [DONE]\n\n"
-        self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(chunk), chunk))
-ThreadingHTTPServer.daemon_threads = True
-ThreadingHTTPServer(("127.0.0.1", 9411), H).serve_forever()
-"""
-
-
 @pytest.fixture(scope="module", autouse=True)
 def hosted_provider(host):
-    """The stand-in provider on the rig (a transient unit), with the key the inventory gives the gateway."""
-    folder = "/opt/rigops-standin"
-    host.check_output(f"install -d -m 700 {folder} && cat > {folder}/standin.py <<'EOF'\n{STANDIN}\nEOF")
-    host.check_output(f"install -m 600 /dev/null {folder}/key && cat > {folder}/key <<'EOF'\n{REMOTE_KEY}\nEOF")
-    host.run("systemctl stop rigops-remote-standin")
-    host.check_output(
-        f"systemd-run --unit rigops-remote-standin /usr/bin/python3 {folder}/standin.py {folder}/key {STANDIN_LOG}"
-    )
-    for _ in range(50):
-        if host.run("curl -s -o /dev/null http://127.0.0.1:9411/v1/models").rc == 0:
-            break
-        time.sleep(0.2)
+    """The stand-in provider on the rig, with the key the inventory gives the gateway."""
+    start_hosted_standin(host, REMOTE_KEY, STANDIN_LOG)
     yield
     host.run("systemctl stop rigops-remote-standin")
 
