@@ -267,9 +267,7 @@ def instance_verdicts(result, instances):
     return verdicts
 
 
-def _labels(pairs, host):
-    if host is not None:
-        pairs = list(pairs) + [("host", host)]
+def _labels(pairs):
     escaped = (
         '{}="{}"'.format(k, str("" if v is None else v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n"))
         for k, v in sorted(pairs)
@@ -277,7 +275,7 @@ def _labels(pairs, host):
     return "{" + ",".join(escaped) + "}"
 
 
-def prometheus(result, verdicts, host=None):
+def prometheus(result, verdicts):
     """Text exposition format (node exporter textfile collector), deterministic."""
     gpus = sorted(result.get("gpus", []), key=lambda g: (g["bus_id"] or "", str(g["index"])))
     out = []
@@ -290,7 +288,7 @@ def prometheus(result, verdicts, host=None):
         "rigops_gpu_healthy",
         "1 when the GPU has no critical health finding.",
         [
-            (_labels([("bus_id", g["bus_id"]), ("uuid", g["uuid"]), ("index", g["index"])], host), int(g["healthy"]))
+            (_labels([("bus_id", g["bus_id"]), ("uuid", g["uuid"]), ("index", g["index"])]), int(g["healthy"]))
             for g in gpus
         ],
     )
@@ -302,19 +300,19 @@ def prometheus(result, verdicts, host=None):
     family(
         "rigops_gpu_health_findings",
         "Health findings per GPU, check and severity.",
-        [(_labels([("bus_id", b), ("check", c), ("severity", s)], host), n) for (b, c, s), n in sorted(counts.items())],
+        [(_labels([("bus_id", b), ("check", c), ("severity", s)]), n) for (b, c, s), n in sorted(counts.items())],
     )
     last = [(g["bus_id"], [f["xid"] for f in g["findings"] if f["check"] == "xid"]) for g in gpus]
     family(
         "rigops_gpu_xid_last",
         "Most recent NVIDIA Xid seen in the kernel log for the GPU.",
-        [(_labels([("bus_id", b)], host), x[-1]) for b, x in last if x],
+        [(_labels([("bus_id", b)]), x[-1]) for b, x in last if x],
     )
     family(
         "rigops_vllm_instance_gpu_healthy",
         "1 when every GPU of the vLLM instance is healthy.",
         [
-            (_labels([("vllm_instance", name)], host), int(v["healthy"]))
+            (_labels([("vllm_instance", name)]), int(v["healthy"]))
             for name, v in sorted((verdicts or {}).items(), key=lambda i: str(i[0]))
         ],
     )

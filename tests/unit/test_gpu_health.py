@@ -266,8 +266,8 @@ def test_prometheus_exposition_is_well_formed_and_deterministic():
     xids = parse_kernel_log(read(HEALTH / "k01_threestones_4x4090_xid79_journal_and_dmesg.txt"))
     result = evaluate(gpus, xids)
     verdicts = instance_verdicts(result, [{"name": "b", "gpus": [1]}, {"name": "a", "gpus": [0]}])
-    text = prometheus(result, verdicts, host="rig-1")
-    assert text == prometheus(result, verdicts, host="rig-1") and text.endswith("\n")
+    text = prometheus(result, verdicts)
+    assert text == prometheus(result, verdicts) and text.endswith("\n")
     families = []
     for line in text.splitlines():
         if line.startswith("# TYPE "):
@@ -275,7 +275,7 @@ def test_prometheus_exposition_is_well_formed_and_deterministic():
             assert line.endswith(" gauge")
         elif not line.startswith("# HELP "):
             assert LINE.match(line), line
-            assert 'host="rig-1"' in line
+            assert "host=" not in line  # node exporter's scrape gives the host (its instance label)
     assert families == [
         "rigops_gpu_healthy",
         "rigops_gpu_health_findings",
@@ -283,8 +283,8 @@ def test_prometheus_exposition_is_well_formed_and_deterministic():
         "rigops_vllm_instance_gpu_healthy",
     ]
     uuid = "GPU-c2c2c2c2-7d19-9063-b049-1e69664bb298"
-    assert f'rigops_gpu_healthy{{bus_id="0000:c2:00.0",host="rig-1",index="1",uuid="{uuid}"}} 0' in text
-    assert 'rigops_gpu_xid_last{bus_id="0000:c2:00.0",host="rig-1"} 79' in text
+    assert f'rigops_gpu_healthy{{bus_id="0000:c2:00.0",index="1",uuid="{uuid}"}} 0' in text
+    assert 'rigops_gpu_xid_last{bus_id="0000:c2:00.0"} 79' in text
     assert text.index('instance="a"') < text.index('instance="b"')
     assert 'rigops_gpu_xid_last{bus_id="0000:01:00.0"' not in text
     missing = evaluate([], [], expected_bus_ids=["0000:3b:00.0"])
