@@ -10,13 +10,16 @@
   by a TOML library (tomli-w) under the ``ansible_managed`` header and the file's comments;
 - ``rigops.fleet.vllm_devices(instances, flavour, gpu_facts, extra)``: per instance, the device nodes its
   unit may open (the drop-in devices.conf), minor numbers from the GPU facts
-  (vllm_devices.device_plans).
+  (vllm_devices.device_plans);
+- ``old_text | rigops.fleet.vllm_config_changes(new_text)``: what a new config.toml changed against the
+  one that served, as ``section.key: old -> new`` (the message of a failed restart).
 
 The logic is plugins/module_utils/vllm_config.py, the very file the launcher runs with on the host, and
 plugins/module_utils/vllm_devices.py (controller only).
 """
 
 import re
+import tomllib
 
 from ansible.errors import AnsibleFilterError
 from ansible_collections.rigops.fleet.plugins.module_utils import vllm_config, vllm_devices
@@ -113,6 +116,30 @@ def vllm_devices_filter(instances, flavour, gpu_facts=None, extra=None):
         raise AnsibleFilterError(str(exc)) from exc
 
 
+def _flat(table, prefix=""):
+    out = {}
+    for key, value in table.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def vllm_config_changes(old_text, new_text):
+    """``section.key: old -> new`` for every value a new config.toml changed (added or removed: ``-``).
+    A config.toml holds no key (the key file does): values are shown."""
+    try:
+        old, new = _flat(tomllib.loads(str(old_text))), _flat(tomllib.loads(str(new_text)))
+    except tomllib.TOMLDecodeError as exc:
+        return [f"(a config.toml is not TOML: {exc})"]
+    return [
+        f"{key}: {old.get(key, '-')!r} -> {new.get(key, '-')!r}".replace("'-'", "-")
+        for key in sorted(set(old) | set(new))
+        if old.get(key, "-") != new.get(key, "-")
+    ] or ["nothing (the same config.toml)"]
+
+
 class FilterModule:
     """vllm_service: instances, configs, config.toml text, device plans (see the module's docstring)."""
 
@@ -122,4 +149,5 @@ class FilterModule:
             "vllm_preflight": vllm_preflight,
             "vllm_toml": vllm_toml,
             "vllm_devices": vllm_devices_filter,
+            "vllm_config_changes": vllm_config_changes,
         }

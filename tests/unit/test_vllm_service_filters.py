@@ -200,6 +200,7 @@ def test_filters_turn_value_errors_into_filter_errors():
         "vllm_preflight",
         "vllm_toml",
         "vllm_devices",
+        "vllm_config_changes",
     }
     with pytest.raises(AnsibleFilterError, match=r"vllm_instances\[0\]\.model: 'x' is not a mapping"):
         contract.vllm_instances([{"name": "a", "model": "x"}], {})
@@ -273,3 +274,17 @@ def test_the_role_renders_the_sandbox_rig_file_through_ansible(tmp_path):
     beta = load(tmp_path / "beta.toml")
     assert beta["model"]["served_name"] == NASTY and beta["model"]["path"] == "/srv/m/beta"
     assert beta["model"]["commit"] == "" and beta["server"]["gpus"] == []
+
+
+def test_config_changes_name_each_value_a_new_file_changed():
+    old = '[server]\nport = 8001\n\n[model]\nquantization = ""\nmax_model_len = 1024\n'
+    new = '[server]\nport = 8001\n\n[model]\nquantization = "awq"\n\n[engine]\nenforce_eager = true\n'
+    assert plugin.vllm_config_changes(old, new) == [
+        "engine.enforce_eager: - -> True",
+        "model.max_model_len: 1024 -> -",
+        "model.quantization: '' -> 'awq'",
+    ]
+    assert plugin.vllm_config_changes(old, old) == ["nothing (the same config.toml)"]
+    assert plugin.vllm_config_changes(old, "[model") == [
+        "(a config.toml is not TOML: Expected ']' at the end of a table declaration (at end of document))"
+    ]

@@ -105,9 +105,11 @@ def test_a_new_runtime_pin_with_a_planted_failure(before, tmp_path):
             assert hosts[name]["rolled_back"] and hosts[name]["after"] == hosts[name]["before"]
             # the step and the gate's finding: the planted setting makes vLLM exit while loading
             reason = hosts[name]["reason"]
-            assert reason.startswith("restart: Gate | vllm_endpoint on chat:") and "crashed" in reason, reason
+            assert reason.startswith("restart: Gate | Verdict on chat:") and "crashed" in reason, reason
             assert hosts[name]["rollback_gate"]["chat"]["chat_s"] is not None
             assert "rigops-planted-fault" not in board(name).file("/etc/systemd/system/vllm@.service").content_string
+            # the rollout rolls the whole release back itself: the role put no config.toml aside
+            assert not board(name).file("/etc/vllm/chat/config.toml.rejected").exists
         else:
             assert now["current"].endswith(new) and now["config_release"].endswith(new)
             assert hosts[name]["gate"]["chat"]["ttft_s"] is not None

@@ -1,8 +1,10 @@
 """Refusals and recovery, after the end-state tests: bad configurations are refused before any
-restart (the running services keep their MainPID and their config), and a killed vLLM is
-restarted by systemd and passes the gate again."""
+restart (the running services keep their MainPID and their config), a configuration vLLM refuses
+only at start puts back the one that served, and a killed vLLM is restarted by systemd and passes
+the gate again."""
 
 import copy
+import json
 import os
 import re
 import time
@@ -136,6 +138,28 @@ def test_rotation_replaces_one_key_and_restarts_only_that_instance(host):
     assert host.check_output(code.format("/tmp/old_key")) == "401"
     assert host.check_output(code.format("/etc/vllm/beta/api_key")) == "200"
     host.check_output("rm -f /tmp/old_key")
+
+
+def test_a_config_vllm_refuses_at_start_puts_back_the_one_that_served(host, tmp_path):
+    """awq on a model that is not AWQ: vLLM's parser takes the value, the engine refuses it when it loads.
+    The run fails naming the value; alpha serves its previous config.toml again; beta is not touched."""
+    before = state(host)
+    play = tmp_path / "services.yml"
+    play.write_text(yaml.safe_dump([{"name": "Services", "hosts": "gpu-rigs", "roles": ["rigops.fleet.vllm_service"]}]))
+    bad = changed(alpha__model__quantization="awq")
+    rc, out = ansible_playbook(play, "-e", json.dumps({"vllm_instances": bad}))
+    assert rc != 0
+    assert has(out, "vllm@alpha.service failed its gate"), out[-3000:]
+    assert has(out, "The new configuration changed model.quantization: '' -> 'awq'"), out[-3000:]
+    assert has(out, "The configuration that last passed serves again (it answers)"), out[-3000:]
+    after = state(host)
+    assert after["alpha"][1] == before["alpha"][1]  # the config.toml that served, back
+    assert after["alpha"][0] not in ("0", before["alpha"][0])  # restarted onto it
+    assert after["beta"] == before["beta"]
+    rejected = host.file("/etc/vllm/alpha/config.toml.rejected")
+    assert 'quantization = "awq"' in rejected.content_string and (rejected.user, rejected.mode) == ("root", 0o640)
+    code = "curl -s -o /dev/null -w '%{http_code}' -H \"Authorization: Bearer $(cat /etc/vllm/alpha/api_key)\" "
+    assert host.check_output(code + "http://127.0.0.1:8001/v1/models") == "200"
 
 
 def test_killed_vllm_is_restarted_and_passes_the_gate(host):
