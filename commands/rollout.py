@@ -105,6 +105,8 @@ def _gate_text(gate: dict) -> str:
 class Rollout:
     """The state of a rollout, built from ansible-runner events only (``handle`` takes each one)."""
 
+    title = "rollout"
+
     def __init__(self, rollout_id: str = "", clock=time.time):
         self.id = rollout_id
         self.clock = clock
@@ -321,7 +323,7 @@ class LiveDisplay:
     def draw(self) -> None:
         r = self.rollout
         elapsed = r.clock() - r.started
-        rows = [f"rollout {r.id}  batch {len(r.batches)}  {elapsed:6.0f}s  {self.last[:100]}"]
+        rows = [f"{r.title} {r.id}  batch {len(r.batches)}  {elapsed:6.0f}s  {self.last[:100]}"]
         for state in r.hosts.values():
             gate = "; ".join(f"{k}: {v}" for k, v in sorted(state.gates.items())) or "-"
             rb = " rolled back" if (state.result or {}).get("rolled_back") else ""
@@ -366,9 +368,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def extra_vars(args: argparse.Namespace, rollout_id: str) -> dict:
-    out: dict = {"rollout_id": rollout_id}
-    for text in args.extra_vars:
+def given_vars(texts: list[str]) -> dict:
+    """-e arguments as ansible-playbook reads them: JSON, @FILE (JSON) or key=value pairs (text)."""
+    out: dict = {}
+    for text in texts:
         text = text.strip()
         if text.startswith("@"):
             out.update(json.loads(Path(text[1:]).read_text()))
@@ -378,6 +381,11 @@ def extra_vars(args: argparse.Namespace, rollout_id: str) -> dict:
             for pair in text.split():
                 key, _sep, value = pair.partition("=")
                 out[key] = value
+    return out
+
+
+def extra_vars(args: argparse.Namespace, rollout_id: str) -> dict:
+    out: dict = {"rollout_id": rollout_id, **given_vars(args.extra_vars)}
     if args.batches:
         out["rollout_batches"] = [int(b) if b.strip().isdigit() else b.strip() for b in args.batches.split(",")]
     if args.max_fail_percentage is not None:

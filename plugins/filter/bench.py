@@ -26,7 +26,7 @@ def from_toml(text):
         raise AnsibleFilterError(f"bench_from_toml: not TOML: {exc}") from exc
 
 
-def _loopback_url(host, port):
+def loopback_url(host, port):
     host = str(host or "127.0.0.1")
     if host in ("0.0.0.0", "", "*"):
         host = "127.0.0.1"
@@ -46,7 +46,7 @@ def target(cfg, name, settings):
     server, model = cfg.get("server") or {}, cfg.get("model") or {}
     if "port" not in server or "served_name" not in model:
         raise AnsibleFilterError(f"bench_target: {name}'s config.toml has no [server] port or [model] served_name")
-    direct = _loopback_url(server.get("host"), server["port"])
+    direct = loopback_url(server.get("host"), server["port"])
     gateway = bool(settings.get("through_gateway"))
     memory = settings.get("memory_source") or "auto"
     if memory == "auto":

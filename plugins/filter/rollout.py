@@ -79,7 +79,7 @@ def rollout_versions(slurped, current_target=None):
     return {"runtime": runtime, "instances": instances}
 
 
-def _seconds(marks, end):
+def stage_seconds(marks, end):
     """[[stage, t0], [stage, t1], ...] and the end time -> {stage: seconds} (a stage seen twice adds up)."""
     out = {}
     marks = [(str(m[0]), float(m[1])) for m in marks or [] if m and len(m) == 2]
@@ -89,7 +89,7 @@ def _seconds(marks, end):
     return out
 
 
-def _gate(summary):
+def gate_figures(summary):
     return {
         name: {k: v for k, v in (figures or {}).items() if k in ("ready_s", "chat_s", "ttft_s", "url", "served_name")}
         for name, figures in sorted((summary or {}).items())
@@ -136,9 +136,9 @@ def rollout_result(facts):
         "switched": switched,
         "failed_stage": (failure or {}).get("stage"),
         "reason": reason,
-        "stage_seconds": _seconds(f.get("marks"), f.get("end") or 0),
-        "gate": _gate(f.get("gate")),
-        "rollback_gate": _gate(f.get("rollback_gate")),
+        "stage_seconds": stage_seconds(f.get("marks"), f.get("end") or 0),
+        "gate": gate_figures(f.get("gate")),
+        "rollback_gate": gate_figures(f.get("rollback_gate")),
     }
 
 

@@ -36,6 +36,7 @@ model_weights = _load("model_weights", "bench_model_weights")
 vllm_runtime = _load("vllm_runtime", "bench_vllm_runtime")
 rollout_bench = _load("rollout", "bench_rollout")
 cpu_by_command = _load("cpu_by_command", "bench_cpu_by_command")
+maintain_bench = _load("maintain", "bench_maintain")
 
 
 def details(n: int, port: int = 2381, prefix: str = "bench-cc-") -> list[dict]:
@@ -222,7 +223,16 @@ def test_main_job_inventory_serves_what_rig_5090_serves():
 
 @pytest.mark.parametrize(
     "name",
-    ["main_job", "model_weights", "vllm_runtime", "connection_cost", "sandbox_runtime", "gateway", "rollout"],
+    [
+        "main_job",
+        "model_weights",
+        "vllm_runtime",
+        "connection_cost",
+        "sandbox_runtime",
+        "gateway",
+        "rollout",
+        "maintain",
+    ],
 )
 def test_each_benchmark_runs_as_a_script(name):
     """``./rigops measure <name>`` finds the helper (only --help: no host)."""
@@ -661,3 +671,24 @@ def test_comp_t_and_a_foreign_record_version():
         cpu_by_command.parse(bytes(record))
     with pytest.raises(ValueError, match="whole number"):
         cpu_by_command.parse(bytes(record[:10]))
+
+
+def test_maintain_windows_count_failures_and_latency_percentiles():
+    lines = [{"t": 10 + i, "s": 0.1 * (i + 1), "code": 200} for i in range(10)]
+    lines += [{"t": 30, "s": 2.0, "code": 503}, {"t": 31, "s": 0.0, "code": 0}]
+    before = maintain_bench.window(lines, 0, 14.5)
+    assert before["requests"] == 5 and before["failed"] == 0 and before["p50_ms"] == 300.0
+    during = maintain_bench.window(lines, 14.5, 40)
+    assert during["requests"] == 7 and during["failed"] == 2 and during["codes"] == {"0": 1, "200": 5, "503": 1}
+    assert during["p99_ms"] == 1000.0  # only answered requests make the latency
+    assert maintain_bench.window([], 0, 1)["p50_ms"] is None
+
+
+def test_maintain_inventory_two_rigs_one_gateway():
+    hosts = [{"instance": n, "address": "127.0.0.1", "port": p, "user": "u", "identity_file": "k", "known_hosts": "h"}
+             for n, p in (("bench-mt-1", 2421), ("bench-mt-2", 2422), ("bench-mt-gw", 2423))]  # fmt: skip
+    inv = maintain_bench.inventory(hosts[:2], hosts[2])
+    assert list(inv["gpu-rigs"]["hosts"]) == ["bench-mt-1", "bench-mt-2"]
+    assert inv["gpu-rigs"]["vars"]["nvidia_driver_branch"] == "590"
+    assert inv["gpu-rigs"]["vars"]["vllm_instances"][0]["model"]["served_name"] == maintain_bench.SERVED
+    assert list(inv["gateways"]["hosts"]) == ["bench-mt-gw"]

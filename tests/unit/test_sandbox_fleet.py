@@ -1,6 +1,8 @@
 """lab/sandbox/fleet.py's pieces that need no podman: what a removed host wrote, set aside for deletion."""
 
 import errno
+import importlib.util
+import re
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -55,3 +57,24 @@ def test_nothing_to_set_aside_without_an_upper_layer(tmp_path, monkeypatch):
     upper_layer(tmp_path, monkeypatch, [])
     (tmp_path / "overlay" / "rigops-trash").write_text("not a folder")  # the trash cannot be made
     assert fleet.set_aside("rigops-d") is None
+
+
+def test_the_runtime_stage_takes_every_filter_file_its_role_applies():
+    """The runtime stage's inputs (lab/sandbox/stages/stages.yml) list filter files one by one: each filter
+    the role vllm_runtime (or the stage's playbook) names must be in a listed file, or a change to it would
+    leave a stale stage."""
+    recipe = fleet.stage_recipe("runtime")
+    inputs = set(recipe["inputs"])
+    owners = {}
+    for path in sorted((ROOT / "plugins" / "filter").glob("*.py")):
+        spec = importlib.util.spec_from_file_location(f"stage_filter_{path.stem}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        for name in module.FilterModule().filters():
+            owners[name] = f"plugins/filter/{path.name}"
+    texts = [p.read_text() for p in (ROOT / "roles" / "vllm_runtime").rglob("*") if p.is_file()]
+    texts.append((fleet.STAGES_DIR / recipe["playbook"]).read_text())
+    applied = {m for text in texts for m in re.findall(r"rigops\.fleet\.([a-z_]+)", text) if m in owners}
+    assert applied, "the role applies no filter of the collection: the pattern above went wrong"
+    missing = sorted(f"{name} ({owners[name]})" for name in applied if owners[name] not in inputs)
+    assert missing == [], f"add to the runtime stage's inputs: {missing}"

@@ -1,1 +1,3 @@
 pytest_plugins = ["rigops_testinfra"]
+
+from site_gateway import standin  # noqa: E402, F401 (the fixture of the tests that change the gateway's routing)

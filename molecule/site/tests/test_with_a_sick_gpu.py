@@ -9,47 +9,17 @@ It runs last (changes_state, and after test_tags.py in file order): a GPU that f
 is not the rig the tag runs of test_tags.py expect to find unchanged."""
 
 import json
-import os
-import shlex
 import time
-from pathlib import Path
 
 import pytest
-import yaml
-from rigops_testinfra import start_hosted_standin
+from site_gateway import SERVED, chat
 
 pytestmark = pytest.mark.changes_state
 
-SCENARIO = Path(os.environ.get("MOLECULE_SCENARIO_DIRECTORY", Path(__file__).resolve().parent.parent))
-HOST_VARS = yaml.safe_load((SCENARIO / "molecule.yml").read_text())["provisioner"]["inventory"]["host_vars"]["site-rig"]
-DEV_KEY = HOST_VARS["llm_gateway_clients"][0]["key"]
-SERVED = "qwen3.5-9b"
-CA = "/etc/rigops-llm-gateway/tls/cert.pem"
 DRAINED = "/var/lib/rigops-llm-gateway/health/drained.json"
 SENTINEL = "/usr/local/lib/rigops-gpu-health/rigops-gpu-health"
 FEED = "rigops-llm-gateway-health"
 TEXTFILE = "/var/lib/prometheus/node-exporter/rigops_gpu_health.prom"
-
-
-@pytest.fixture(scope="module")
-def standin(host):
-    start_hosted_standin(host, HOST_VARS["llm_gateway_remotes"][0]["key"], "/var/log/rigops-remote-standin.jsonl")
-    # the client's key in a root-only header file: no command line carries it
-    header = f"Authorization: Bearer {DEV_KEY}"
-    host.check_output(f"install -m 600 /dev/null /root/drain-auth && cat > /root/drain-auth <<'EOF'\n{header}\nEOF")
-    yield
-    host.run("systemctl stop rigops-remote-standin")
-
-
-def chat(host, model):
-    """(status, the model that answered) of one chat through the gateway, as a client sends it."""
-    body = json.dumps({"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
-    out = host.check_output(
-        f"curl -sS --cacert {CA} -o /tmp/drain-body -w '%{{http_code}}' -H @/root/drain-auth "
-        f"-H 'Content-Type: application/json' -d {shlex.quote(body)} https://127.0.0.1:8443/v1/chat/completions"
-    )
-    answer = json.loads(host.file("/tmp/drain-body").content_string or "{}")
-    return int(out), answer.get("model") or answer.get("error", {}).get("type")
 
 
 def drained(host):
