@@ -82,7 +82,9 @@ def inventory(rigs: list[dict], gateway: dict) -> dict:
         },
         "gateways": {
             "hosts": {gateway["instance"]: sb.ssh_vars(gateway)},
-            "vars": {"llm_gateway_clients": [{"name": "bench", "key": CLIENT_KEY, "models": "*"}]},
+            # a closed loop asks as fast as answers come: above the default client rate (10r/s) it would
+            # measure the gateway's 429s
+            "vars": {"llm_gateway_clients": [{"name": "bench", "key": CLIENT_KEY, "models": "*", "rate": "1000r/s"}]},
         },
     }
 
@@ -144,7 +146,10 @@ def measure(change: str, workdir: Path) -> dict:
     if site.rc != 0:
         print(site.output[-4000:], file=sys.stderr)
         raise SystemExit("the main job failed on the benchmark's hosts; see above")
-    on_gateway("sh", "-c", f"umask 077; printf %s {CLIENT_KEY} > /root/bench-key; rm -f {LOG} {LOG}.stop")
+    # the key through stdin into a root-only file: no command line carries it
+    subprocess.run(["podman", "exec", "-i", CONTAINERS[GATEWAY[0]], "sh", "-c", "umask 077; cat > /root/bench-key"],
+                   input=CLIENT_KEY, text=True, check=True, env=sb.ENV)  # fmt: skip
+    on_gateway("rm", "-f", LOG, f"{LOG}.stop")
     on_gateway("sh", "-c", f"cat > /root/loop.py <<'EOF'\n{LOOP}\nEOF")
     on_gateway("systemd-run", "--unit", "rigops-bench-maintain", "/usr/bin/python3", "/root/loop.py",
                "/root/bench-key", str(CONCURRENCY), LOG, check=True)  # fmt: skip

@@ -692,3 +692,5 @@ def test_maintain_inventory_two_rigs_one_gateway():
     assert inv["gpu-rigs"]["vars"]["nvidia_driver_branch"] == "590"
     assert inv["gpu-rigs"]["vars"]["vllm_instances"][0]["model"]["served_name"] == maintain_bench.SERVED
     assert list(inv["gateways"]["hosts"]) == ["bench-mt-gw"]
+    # the loop's client may ask faster than the default rate
+    assert inv["gateways"]["vars"]["llm_gateway_clients"][0]["rate"] == "1000r/s"
