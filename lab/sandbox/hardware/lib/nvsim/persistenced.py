@@ -76,6 +76,16 @@ def _pid_dir(user: str | None) -> None:
             pass
 
 
+def _announce(pid: int, persistence_mode: bool) -> None:
+    """The PID file and the GPUs taken, once: nvidia-smi may read them at any moment, so the
+    PID file is replaced whole (a reader never sees it empty)."""
+    real = paths.p(paths.PERSISTENCED_PID)
+    with open(real + ".tmp", "w", encoding="utf-8") as fh:
+        fh.write(f"{pid}\n")
+    os.replace(real + ".tmp", real)
+    persistence.write_daemon_state(pid, persistence_mode)
+
+
 def _serve(opts: dict) -> int:
     stop: list[int] = []
 
@@ -85,9 +95,8 @@ def _serve(opts: dict) -> int:
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
     pid = os.getpid()
-    with open(paths.p(paths.PERSISTENCED_PID), "w", encoding="utf-8") as fh:
-        fh.write(f"{pid}\n")
-    persistence.write_daemon_state(pid, opts["persistence"])
+    if opts["foreground"]:
+        _announce(pid, opts["persistence"])
     prof = load_or_none()
     _log(f"Started ({pid})", opts["verbose"])
     for g in prof.gpus if prof else []:
@@ -146,10 +155,7 @@ def main(argv: list[str]) -> int:
     # the real daemon logs to syslog: keep stderr only when it is journald's stream socket
     if not (opts["verbose"] and stat.S_ISSOCK(os.fstat(2).st_mode)):
         os.dup2(devnull, 2)
-    pid = os.getpid()
-    with open(paths.p(paths.PERSISTENCED_PID), "w", encoding="utf-8") as fh:
-        fh.write(f"{pid}\n")
-    persistence.write_daemon_state(pid, opts["persistence"])
+    _announce(os.getpid(), opts["persistence"])
     os.write(w, b"1")
     os.close(w)
     os._exit(_serve(opts))
