@@ -1,7 +1,7 @@
 """The report of one host of a job, from this run's stage results and the host's stage records.
 
 Used by playbooks/report.yml, for both jobs (gpu_rigs: driver, topology, runtime, weights,
-services, health, gpu_health; jetson: platform, runtime, weights, services, health):
+services, health, gpu_health; jetson: platform, runtime, weights, services, health, gpu_health):
 
     {{ host | rig_report(results, records, summaries, stages, reached, current_stage, stopped_by, job) }}
     {{ entry | report_line }}

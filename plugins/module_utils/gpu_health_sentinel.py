@@ -3,8 +3,11 @@
 """One round of the GPU health sentinel, and what it keeps between rounds.
 
 The gpu_health role installs ``rigops-gpu-health`` on a host with this file and gpu_health beside it;
-the service calls :func:`check` every interval. A round runs ``nvidia-smi -q -x`` and the kernel log
-command of the config, judges them with gpu_health, and returns the state the service writes:
+the service calls :func:`check` every interval. On a rig (config ``source: nvidia_smi``) a round runs
+``nvidia-smi -q -x`` and the kernel log command of the config and judges them with gpu_health; on a Jetson
+board (``source: tegrastats``) it reads one tegrastats line and the board's thermal zones and judges them
+with board_thermal (one integrated GPU, which every instance of the board uses). It returns the state the
+service writes:
 GPUs and their findings, and per vLLM instance whether it is healthy and whether it may take traffic
 (``routable``: a sick instance takes it again only after ``recover_checks`` healthy rounds in a row).
 
@@ -21,12 +24,15 @@ import hashlib
 import os
 import subprocess
 
-from ansible_collections.rigops.fleet.plugins.module_utils import gpu_health
+from ansible_collections.rigops.fleet.plugins.module_utils import board_thermal, gpu_health
+from ansible_collections.rigops.fleet.plugins.module_utils.jetson_platform import parse_tegrastats
+from ansible_collections.rigops.fleet.plugins.module_utils.jetson_tegrastats import first_line
 from ansible_collections.rigops.fleet.plugins.module_utils.nvidia_smi import normalize_bus_id
 
 STATE_VERSION = 1
+SOURCES = ("nvidia_smi", "tegrastats")
+# keys every config has; a source's own keys besides (SOURCE_KEYS)
 CONFIG_KEYS = (
-    "nvidia_smi",
     "kernel_log",
     "expected_bus_ids",
     "instances",
@@ -37,12 +43,21 @@ CONFIG_KEYS = (
     "acks_file",
     "textfile",
 )
+SOURCE_KEYS = {
+    "nvidia_smi": ("nvidia_smi",),
+    "tegrastats": ("tegrastats", "sysfs_root", "thermal_limits", "thermal_margin"),
+}
+TEGRASTATS_TIMEOUT = 10
 
 
 def check_config(config):
     """Problems of a sentinel config (the role writes it; a hand edit may break it)."""
-    problems = [f"config: {key} missing" for key in CONFIG_KEYS if key not in config]
-    for key in ("nvidia_smi", "kernel_log"):
+    source = config.get("source", "nvidia_smi")
+    if source not in SOURCES:
+        return [f"config: source must be one of {', '.join(SOURCES)}, got {source!r}"]
+    keys = CONFIG_KEYS + SOURCE_KEYS[source]
+    problems = [f"config: {key} missing" for key in keys if key not in config]
+    for key in ("nvidia_smi", "kernel_log", "tegrastats"):
         value = config.get(key)
         if key in config and not (isinstance(value, list) and value and all(isinstance(v, str) for v in value)):
             problems.append(f"config: {key} must be a command as a list of strings")
@@ -54,10 +69,19 @@ def check_config(config):
         and 0 <= listen["port"] <= 65535
     ):
         problems.append("config: listen must be {address: an address, port: 0 (none) to 65535}")
+    limits = config.get("thermal_limits", {})
+    if not (isinstance(limits, dict) and all(_is_number(v) for v in limits.values())):
+        problems.append("config: thermal_limits must map sensor names to degrees C")
+    if "thermal_margin" in config and not (_is_number(config["thermal_margin"]) and config["thermal_margin"] >= 0):
+        problems.append("config: thermal_margin must be a number of degrees C, at least 0")
     recover = config.get("recover_checks")
     if "recover_checks" in config and not (isinstance(recover, int) and recover >= 1):
         problems.append("config: recover_checks must be a whole number of at least 1")
     return problems
+
+
+def _is_number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def build_config(instances, gpus, previous, settings):
@@ -73,6 +97,13 @@ def build_config(instances, gpus, previous, settings):
     previous config gave the same indices, and an instance with no such record is a problem.
     """
     previous = previous or {}
+    if settings.get("source") == "tegrastats":
+        # a board has one integrated GPU, which every instance of the board uses
+        config = dict(settings)
+        config.pop("forget_bus_ids", None)
+        out = [{"name": i.get("name"), "indices": [], "gpus": [board_thermal.BOARD_GPU]} for i in instances or []]
+        config.update(expected_bus_ids=[], instances=out)
+        return config, []
     forget = {normalize_bus_id(b) for b in settings.get("forget_bus_ids") or []}
     present = {}
     for gpu in gpus or []:
@@ -152,9 +183,23 @@ def acknowledge(config, acked, gpu=None, run=run_command):
     return sorted(set(acked) | new)
 
 
-def check(config, previous=None, acked=(), run=run_command, now=0.0):
+def board_result(config, read_line=first_line):
+    """(the board's verdict, errors) from one tegrastats line and the thermal zones (source tegrastats)."""
+    line, error = read_line(config["tegrastats"], TEGRASTATS_TIMEOUT)
+    sample = parse_tegrastats(line) if line else None
+    if line and sample is None:
+        error = f"tegrastats printed no sample: {line[:200]!r}"
+    board_limits = board_thermal.limits(board_thermal.read_zones(config["sysfs_root"]), config["thermal_limits"])
+    result = board_thermal.evaluate(sample, error, board_limits, config["thermal_margin"])
+    return result, ([] if sample else [f"tegrastats: {error}"])
+
+
+def check(config, previous=None, acked=(), run=run_command, now=0.0, read_line=first_line):
     """One round: the new state (see the module's docstring)."""
     previous = previous or {}
+    if config.get("source") == "tegrastats":
+        result, errors = board_result(config, read_line)
+        return _state(config, previous, result, errors, [], acked, now)
     errors = []
     rc, out, err = run(config["nvidia_smi"] + ["-q", "-x"])
     if rc == 0:
@@ -169,9 +214,15 @@ def check(config, previous=None, acked=(), run=run_command, now=0.0):
     events, error = xid_events(config, run)
     if error:
         errors.append(error)
-    acked = set(acked)
-    live = [e for e in events if line_id(e["line"]) not in acked]
+    known = set(acked)
+    live = [e for e in events if line_id(e["line"]) not in known]
     result = gpu_health.evaluate(gpus, live, config["expected_bus_ids"])
+    return _state(config, previous, result, errors, events, acked, now)
+
+
+def _state(config, previous, result, errors, events, acked, now):
+    """The state of a round from its verdict: instances and whether they may take traffic."""
+    acked = set(acked)
     verdicts = gpu_health.instance_verdicts(result, config["instances"])
 
     instances = {}

@@ -27,7 +27,16 @@ from ansible_collections.rigops.fleet.plugins.module_utils import llm_gateway_he
 ROOT = Path(__file__).resolve().parents[2]
 A100 = ROOT / "tests/fixtures/nvidia-smi/real/x01_telegraf_a100_sxm4_80gb_mig_v12.xml"
 SCRIPT = ROOT / "roles/gpu_health/files/rigops-gpu-health"
-SHIPPED = ["gpu_health", "gpu_health_sentinel", "nvidia_smi", "state_file"]
+# the module_utils files the role installs beside the script (roles/gpu_health/tasks/sentinel.yml)
+SHIPPED = [
+    "board_thermal",
+    "gpu_health",
+    "gpu_health_sentinel",
+    "jetson_platform",
+    "jetson_tegrastats",
+    "nvidia_smi",
+    "state_file",
+]
 FEED_SCRIPT = ROOT / "roles/llm_gateway/files/rigops-llm-gateway-health"
 
 
@@ -94,7 +103,8 @@ def test_config_refuses_gpus_that_are_not_indices():
 
 
 def test_config_check_names_each_bad_key():
-    assert sentinel.check_config({}) == [f"config: {k} missing" for k in sentinel.CONFIG_KEYS]
+    keys = sentinel.CONFIG_KEYS + sentinel.SOURCE_KEYS["nvidia_smi"]
+    assert sentinel.check_config({}) == [f"config: {k} missing" for k in keys]
     good = dict.fromkeys(sentinel.CONFIG_KEYS, [])
     good.update(nvidia_smi=["nvidia-smi"], kernel_log=["journalctl", "-k"], recover_checks=3)
     assert sentinel.check_config(good) == []
@@ -256,6 +266,44 @@ def script(host, *args, timeout=30):
         timeout=timeout,
         env={"PATH": os.environ["PATH"]},
     )
+
+
+def test_the_role_installs_the_logic_the_script_imports():
+    tasks = (ROOT / "roles/gpu_health/tasks/sentinel.yml").read_text()
+    assert sorted(re.findall(r"module_util_file', '(\w+)'", tasks)) == SHIPPED
+
+
+def test_script_on_a_jetson_board_judges_tegrastats_against_the_thermal_zones(host):
+    orin = (ROOT / "tests/fixtures/jetson/tegrastats/agx-orin-64gb.txt").read_text().splitlines()[0]
+    line = host / "line.txt"
+    line.write_text(orin.replace("GPU@-256C", "GPU@100.5C") + "\n")
+    # tegrastats prints until stopped: the stand-in too
+    tegrastats = executable(host / "tegrastats", f"#!/bin/sh\nwhile :; do cat {line}; sleep 1; done\n")
+    zone = host / "sys/class/thermal/thermal_zone0"
+    zone.mkdir(parents=True)
+    for name, text in {"type": "gpu-thermal", "trip_point_0_temp": "99000", "trip_point_0_type": "passive"}.items():
+        (zone / name).write_text(text + "\n")
+    config = json.loads((host / "config.json").read_text())
+    config.update(
+        source="tegrastats",
+        tegrastats=[tegrastats],
+        sysfs_root=str(host / "sys"),
+        thermal_limits={},
+        thermal_margin=5,
+        instances=[{"name": "chat", "indices": [], "gpus": ["integrated"]}],
+        expected_bus_ids=[],
+    )
+    (host / "config.json").write_text(json.dumps(config))
+    res = script(host, "check")
+    assert res.returncode == 1, res.stderr
+    state = json.loads(res.stdout)
+    assert state["gpus"][0]["findings"][0]["detail"] == (
+        "gpu at 100.5 C, its throttle point is 99 C (gpu-thermal trip 0 (passive)): clocks slowed"
+    )
+    assert state["instances"]["chat"]["healthy"] is False
+    line.write_text(orin + "\n")
+    res = script(host, "check")
+    assert res.returncode == 0, res.stdout
 
 
 def test_script_check_ack_status_and_the_service_loop(host):

@@ -87,6 +87,7 @@ def test_preflight_and_report_pass_on_the_example(preflight, tmp_path):
         assert rig["status"].startswith("incomplete: driver never run; topology never run"), rig
         assert rig["driver"] is None and rig["stages"]["services"]["status"] == "missing"
     assert thor["job"] == "jetson" and sorted(thor["stages"]) == [
+        "gpu_health",
         "health",
         "platform",
         "runtime",
@@ -104,7 +105,7 @@ def test_each_job_reports_its_own_group(tmp_path):
     """-l jetson: the report covers the Jetsons only, with the Jetson job's stages (gpu_rigs.yml skips)."""
     stages = tmp_path / "stages"
     stages.mkdir()
-    for stage in ["platform", "runtime", "weights", "services", "health"]:
+    for stage in ["platform", "runtime", "weights", "services", "health", "gpu_health"]:
         summary = {"board": "Jetson AGX Thor (T5000)", "jetpack": "7.0", "l4t": "R38.2.0", "power_mode": "MAXN"}
         record = {"stage": stage, "status": "passed", "time": "T", "summary": summary if stage == "platform" else {}}
         (stages / f"{stage}.json").write_text(json.dumps(record))
@@ -125,8 +126,8 @@ def test_each_job_reports_its_own_group(tmp_path):
     "limit, plays",
     [
         ("gpu-rigs", {"gpu-rigs": 8, "jetson": 0, "report": ["h100-01", "rig-5090-01"]}),
-        ("jetson", {"gpu-rigs": 0, "jetson": 6, "report": ["thor-01"]}),
-        ("all", {"gpu-rigs": 8, "jetson": 6, "report": ["h100-01", "rig-5090-01", "thor-01"]}),
+        ("jetson", {"gpu-rigs": 0, "jetson": 7, "report": ["thor-01"]}),
+        ("all", {"gpu-rigs": 8, "jetson": 7, "report": ["h100-01", "rig-5090-01", "thor-01"]}),
     ],
 )
 def test_site_runs_each_job_on_its_group_and_reports_once(limit, plays):

@@ -640,6 +640,49 @@ def test_tegrastats_prints_the_boards_layout_until_stopped(host, profile, ram, s
     assert host("rtx5090x2").tool("tegrastats").returncode == 1
 
 
+def _tegrastats_line(h) -> str:
+    proc = subprocess.Popen(
+        [sys.executable, str(HW / "bin" / "tegrastats"), "--interval", "200"],
+        env=h.env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        return proc.stdout.readline()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_orin_thermal_zones_agree_with_the_real_board_and_a_thermal_fault_throttles_it(host):
+    from ansible_collections.rigops.fleet.plugins.module_utils import board_thermal, jetson_platform  # noqa: PLC0415
+
+    h = host("jetson-orin")
+    zones = board_thermal.read_zones(str(h.path("/etc/nvidia-sim/sys")))
+    real = (ROOT / "tests/fixtures/jetson/thermal/agx-orin-jp6-zones.txt").read_text()
+    assert [z["type"] for z in zones] == [line.split("type=")[1].split()[0] for line in real.splitlines()]
+    limits = board_thermal.limits(zones)
+    # NVIDIA's Tegra234 trips (tests/fixtures/jetson/thermal/): throttle 99 C, board sensors off at 107 C;
+    # cpu-thermal's 70 C trip drives only hot-surface-alert
+    assert {s: (v["limit_c"], v["kind"]) for s, v in limits.items() if s in ("cpu", "gpu", "tj", "tboard")} == {
+        "cpu": (99.0, "throttle"), "gpu": (99.0, "throttle"), "tj": (99.0, "throttle"), "tboard": (107.0, "shutdown")
+    }  # fmt: skip
+    idle = jetson_platform.parse_tegrastats(_tegrastats_line(h))
+    assert board_thermal.evaluate(idle, None, limits, 5)["healthy"]
+    assert h.tool("nvidia-sim-fault", "set", "0", "thermal", "--value", "101").returncode == 0
+    hot = jetson_platform.parse_tegrastats(_tegrastats_line(h))
+    assert hot["temperatures_c"]["gpu"] == 101.0 and hot["temperatures_c"]["tj"] == 101.0
+    result = board_thermal.evaluate(hot, None, limits, 5)
+    assert not result["healthy"]
+    assert {f["sensor"] for f in result["gpus"][0]["findings"]} == {"gpu", "tj"}
+    assert h.tool("nvidia-sim-fault", "clear").returncode == 0
+    assert jetson_platform.parse_tegrastats(_tegrastats_line(h))["temperatures_c"]["gpu"] == 41.5
+    thor = host("jetson-thor")
+    assert sorted(board_thermal.limits(board_thermal.read_zones(str(thor.path("/etc/nvidia-sim/sys"))))) == [
+        "cpu", "gpu", "tj"
+    ]  # fmt: skip
+
+
 def test_jetson_with_l4t_nvidia_smi(host):
     data = yaml.safe_load((PROFILES / "jetson-thor.yaml").read_text())
     data["jetson"]["nvidia_smi"] = True

@@ -4,31 +4,15 @@ drv-archive: 8x RTX 5090, instances left (GPUs 0-3) and right (GPUs 4-7), a roun
 rounds before an instance is routable again (molecule.yml).
 """
 
-import json
 import time
 
 import pytest
+from rigops_testinfra import GPU_HEALTH_TEXTFILE as TEXTFILE
+from rigops_testinfra import SENTINEL
+from rigops_testinfra import gpu_health_status as status
+from rigops_testinfra import wait_for_gpu_health as wait_for
 
 testinfra_hosts = ["drv-archive"]
-SENTINEL = "/usr/local/lib/rigops-gpu-health/rigops-gpu-health"
-TEXTFILE = "/var/lib/prometheus/node-exporter/rigops_gpu_health.prom"
-
-
-def status(host):
-    res = host.run(f"{SENTINEL} status")
-    assert res.rc in (0, 1), res.stderr
-    return json.loads(res.stdout)
-
-
-def wait_for(host, what, predicate, timeout=40):
-    deadline = time.monotonic() + timeout
-    while True:
-        state = status(host)
-        if predicate(state):
-            return state
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout} s; last state: {json.dumps(state)[:3000]}")
-        time.sleep(1)
 
 
 def bus_of(host, index):

@@ -12,7 +12,7 @@ from rigops_testinfra import ansible_playbook, installed_packages
 
 SCENARIO = Path(os.environ.get("MOLECULE_SCENARIO_DIRECTORY", Path(__file__).resolve().parent.parent))
 BASE = "http://127.0.0.1:8000/v1"
-STAGES = ["platform", "runtime", "weights", "services", "health"]
+STAGES = ["platform", "runtime", "weights", "services", "health", "gpu_health"]
 BOARD = {"jet-1": "thor", "jet-2": "thor", "jet-3": "orin"}
 MODE = {"thor": ("120W", 1), "orin": ("MODE_15W", 1)}
 

@@ -19,6 +19,7 @@ the scenario, in the order they are collected.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -266,3 +267,27 @@ def start_hosted_standin(host, key: str, log: str) -> None:
             return
         time.sleep(0.2)
     raise AssertionError("the hosted provider's stand-in did not answer on 127.0.0.1:9411")
+
+
+# ----------------------------------------------------------------------------- the GPU health sentinel
+SENTINEL = "/usr/local/lib/rigops-gpu-health/rigops-gpu-health"
+GPU_HEALTH_TEXTFILE = "/var/lib/prometheus/node-exporter/rigops_gpu_health.prom"
+
+
+def gpu_health_status(host) -> dict:
+    """The last state the host's sentinel wrote (`rigops-gpu-health status`: 0 healthy, 1 not)."""
+    res = host.run(f"{SENTINEL} status")
+    assert res.rc in (0, 1), res.stderr
+    return json.loads(res.stdout)
+
+
+def wait_for_gpu_health(host, what: str, predicate, timeout: float = 40) -> dict:
+    """The sentinel's first state for which predicate(state) holds, within timeout seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        state = gpu_health_status(host)
+        if predicate(state):
+            return state
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout} s; last state: {json.dumps(state)[:3000]}")
+        time.sleep(1)

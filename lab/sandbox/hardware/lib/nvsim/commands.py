@@ -572,14 +572,21 @@ def _meminfo_used_mb() -> tuple[int | None, int | None, int | None]:
     return used, swap_total, swap_total - info.get("SwapFree", 0) // 1024
 
 
-def tegrastats_line(j: dict, when: float | None = None) -> str:
+def _fault_temp_c() -> float | None:
+    """The temperature ``nvidia-sim-fault set 0 thermal --value C`` gave the board's GPU, if any."""
+    hot = [float(k["thermal"].get("value", 92)) for k in faults.active().values() if "thermal" in k]
+    return max(hot) if hot else None
+
+
+def tegrastats_line(j: dict, when: float | None = None, hot_c: float | None = None) -> str:
     """One line in the board's format (profile ``jetson.tegrastats.style``: orin or thor).
 
     The layout follows real lines (tests/fixtures/jetson/tegrastats/): AGX Orin prints SWAP
     (JetPack's zram), EMC and GR3D with the load, sensors that are off as -256C and rails in
     mW; Thor (JetPack 7.0) prints no SWAP, GR3D_FREQ as clocks only, lowercase sensors and the
     VDD_GPU/VIN rails. RAM used is this machine's (so a loading model shows), capped at the
-    board's RAM; temperatures and power are the profile's idle figures.
+    board's RAM; temperatures and power are the profile's idle figures, but for ``hot_c`` (a
+    thermal fault): the GPU at that temperature, and tj (the hottest point) with it.
     """
     ts = j.get("tegrastats") or {}
     total = int(ts.get("ram_total_mb", 62801))
@@ -596,11 +603,12 @@ def tegrastats_line(j: dict, when: float | None = None) -> str:
     freq = int(clocks.get("cpu_max_khz" if locked else "cpu_min_khz", 729600)) // 1000
     stamp = time.strftime("%m-%d-%Y %H:%M:%S", time.localtime(when))
     cores = ",".join(f"0%@{freq}" for _ in range(cpus))
-    gpu_c = float(ts.get("gpu_temp_c", 41.5))
+    gpu_c = float(ts.get("gpu_temp_c", 41.5)) if hot_c is None else hot_c
     if ts.get("style") == "thor":
+        cpu_c = float(ts.get("gpu_temp_c", 41.5)) + 2
         return (
             f"{stamp} RAM {used}/{total}MB (lfb 5x4MB) CPU [{cores}] GR3D_FREQ @[314,314,314] "
-            f"cpu@{gpu_c + 2:.3f}C tj@{gpu_c + 4:.3f}C gpu@{gpu_c:.2f}C "
+            f"cpu@{cpu_c:.3f}C tj@{max(cpu_c, gpu_c) + 2:.3f}C gpu@{gpu_c:.2f}C "
             f"VDD_GPU {int(ts.get('gpu_mw', 2376))}mW/{int(ts.get('gpu_mw', 2376))}mW "
             f"VDD_CPU_SOC_MSS 3924mW/3835mW VIN_SYS_5V0 5064mW/5055mW "
             f"VIN {int(ts.get('input_mw', 15004))}mW/{int(ts.get('input_mw', 15004))}mW"
@@ -609,7 +617,7 @@ def tegrastats_line(j: dict, when: float | None = None) -> str:
     return (
         f"{stamp} RAM {used}/{total}MB (lfb 1759x4MB) {swap}CPU [{cores}] EMC_FREQ 0%@2133 "
         f"GR3D_FREQ 0%@[0,0] VIC_FREQ 729 APE 174 CV0@-256C CPU@44.562C Tboard@32C SOC2@40.093C "
-        f"Tdiode@33C SOC0@41.093C CV1@-256C GPU@{gpu_c:.3f}C tj@44.343C SOC1@41.25C CV2@-256C "
+        f"Tdiode@33C SOC0@41.093C CV1@-256C GPU@{gpu_c:.3f}C tj@{max(44.343, gpu_c):.3f}C SOC1@41.25C CV2@-256C "
         f"VDD_GPU_SOC {int(ts.get('gpu_mw', 2340))}mW/{int(ts.get('gpu_mw', 2340))}mW VDD_CPU_CV 390mW/390mW "
         f"VIN_SYS_5V0 {int(ts.get('input_mw', 4025))}mW/{int(ts.get('input_mw', 4025))}mW NC 0mW/0mW "
         "VDDQ_VDD2_1V8AO 301mW/301mW NC 0mW/0mW"
@@ -646,7 +654,7 @@ def tegrastats_main(argv: list[str]) -> int:
     out = open(logfile, "a", encoding="utf-8") if logfile else sys.stdout  # noqa: SIM115
     try:
         while True:
-            out.write(tegrastats_line(j) + "\n")
+            out.write(tegrastats_line(j, hot_c=_fault_temp_c()) + "\n")
             out.flush()
             time.sleep(interval / 1000.0)
     except (KeyboardInterrupt, BrokenPipeError):

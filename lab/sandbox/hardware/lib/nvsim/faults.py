@@ -10,6 +10,7 @@ lab/sandbox/driver_repo/README.md, "Faults"):
   row remapping pending (Ampere and later) or a page pending retirement (earlier GPUs);
 * ``link_x8``: the PCIe link trained at x8 (max stays the profile's width);
 * ``thermal``: HW Slowdown + HW Thermal Slowdown active, temperature ``--value`` C (default 92);
+  on a Jetson, tegrastats shows its GPU (and tj) at that temperature;
 * ``power_brake``: HW Slowdown + HW Power Brake Slowdown active.
 
 State. Active faults live in ``/run/nvidia-sim/faults.json`` (a reboot clears them, like the

@@ -5,7 +5,8 @@ under NVIDIA_SIM_ROOT (default /):
 
 * ``/etc/nvidia-sim/sys``: simulated sysfs (``bus/pci/devices/<bdf>/{vendor,device,
   class,numa_node,local_cpulist,iommu_group}``, ``kernel/iommu_groups/<n>/devices/<bdf>``,
-  ``module`` -> ``/run/nvidia-sim/sys/module``);
+  ``module`` -> ``/run/nvidia-sim/sys/module``; on Jetson ``class/thermal``: the profile's
+  thermal zones, trip points and cooling devices);
 * ``/etc/nvidia-sim/proc``: ``device-tree/model`` on Jetson (NUL-terminated, as the real
   one), ``driver/nvidia`` -> ``/run/nvidia-sim/proc/driver/nvidia``;
 * the profile's ``files`` (``/etc/nv_tegra_release``, lines in ``/etc/environment``, ...);
@@ -148,6 +149,34 @@ def sysfs_manifest(prof) -> dict[str, tuple[str, str | bytes]]:
             m[f"{dev}/iommu_group"] = ("link", f"../../../../kernel/iommu_groups/{g}")
             m[f"kernel/iommu_groups/{g}/devices/{bdf}"] = ("link", f"../../../../bus/pci/devices/{bdf}")
     m["module"] = ("link", _rel_link(paths.SYSFS + "/module", paths.RUN_SYSFS_MODULE))
+    m.update(thermal_manifest(prof))
+    return m
+
+
+def thermal_manifest(prof) -> dict[str, tuple[str, str | bytes]]:
+    """A Jetson's thermal zones and cooling devices (profile ``jetson.thermal``) as the thermal framework
+    lays them out under class/thermal: ``thermal_zoneN/{type,trip_point_K_temp,trip_point_K_type}`` and,
+    per binding, ``cdevJ`` (a link to the cooling device) with ``cdevJ_trip_point``. The temperatures are
+    tegrastats' (nvidia-sim-fault thermal raises them there), not these files'."""
+    thermal = (prof.jetson or {}).get("thermal") or {}
+    devices = list(thermal.get("cooling_devices") or [])
+    m: dict[str, tuple[str, str | bytes]] = {}
+    for i, device in enumerate(devices):
+        base = f"class/thermal/cooling_device{i}"
+        m[f"{base}/type"] = ("file", device + "\n")
+        m[f"{base}/cur_state"] = ("file", "0\n")
+        m[f"{base}/max_state"] = ("file", "1\n")
+    for z, zone in enumerate(thermal.get("zones") or []):
+        base = f"class/thermal/thermal_zone{z}"
+        m[f"{base}/type"] = ("file", zone["type"] + "\n")
+        binding = 0
+        for k, (millis, kind, bound) in enumerate(zone.get("trips") or []):
+            m[f"{base}/trip_point_{k}_temp"] = ("file", f"{int(millis)}\n")
+            m[f"{base}/trip_point_{k}_type"] = ("file", f"{kind}\n")
+            for device in bound:
+                m[f"{base}/cdev{binding}"] = ("link", f"../cooling_device{devices.index(device)}")
+                m[f"{base}/cdev{binding}_trip_point"] = ("file", f"{k}\n")
+                binding += 1
     return m
 
 
