@@ -157,6 +157,94 @@ def read_smi_xml(text):
     return gpus
 
 
+# ---------------------------------------------------------------------------------------------- NVLink
+# `nvidia-smi nvlink -s` / `-e` (tests/fixtures/gpu-health/real/n0*.txt): a header per GPU, then per link
+# 'Link N: <speed>' or 'Link N: <inactive>' (status) and 'Link N: <Counter>: <value>' (errors); a GPU whose
+# links are all down prints 'NVML: Unable to retrieve NVLink information as all links are inActive'.
+_NV_GPU_RE = re.compile(r"^GPU (\d+): (.*?) \(UUID: ([^)]*)\)\s*$")
+_NV_LINK_RE = re.compile(r"^\s+Link (\d+): (.+?)\s*$")
+_NV_COUNTER_RE = re.compile(r"^(.+?): (\S+)$")
+# Counters that mean a link had to retrain or replay (DCGM's health watch fails a GPU on any new one:
+# NVIDIA/DCGM modules/health/DcgmHealthWatch.cpp MonitorNVLink), and Blackwell's failed recoveries.
+NVLINK_CRITICAL = ("replay errors", "recovery errors", "link recovery failed events")
+# Counters of data errors that the link corrects (CRC on pre-Blackwell links, Blackwell's packet counters):
+# a warning when they grow. FEC corrections, packet and byte counts, BER figures and successful recoveries
+# are the link working: never a finding.
+NVLINK_WARNING = (
+    "crc errors",
+    "rx errors",
+    "symbol errors",
+    "malformed packet errors",
+    "buffer overrun errors",
+    "local link integrity errors",
+    "effective errors",
+    "rx remote errors",
+    "rx general errors",
+)
+
+
+def parse_nvlink(text):
+    """GPUs of ``nvidia-smi nvlink -s`` or ``-e``: {uuid: {"index", "name", "links": {n: {"status"} or
+    {counter: int}}, "all_inactive"}}. Lines of no GPU (an elision, a prompt) are skipped."""
+    gpus, current = {}, None
+    for line in (text or "").splitlines():
+        head = _NV_GPU_RE.match(line.strip())
+        if head:
+            current = gpus.setdefault(
+                head.group(3).strip(),
+                {"index": int(head.group(1)), "name": head.group(2), "links": {}, "all_inactive": False},
+            )
+            continue
+        if current is None:
+            continue
+        if "all links are inactive" in line.lower():
+            current["all_inactive"] = True
+            continue
+        link = _NV_LINK_RE.match(line)
+        if not link:
+            continue
+        entry = current["links"].setdefault(int(link.group(1)), {})
+        counter = _NV_COUNTER_RE.match(link.group(2))
+        if counter and counter.group(2).lstrip("-").isdigit():
+            entry[counter.group(1).strip().lower()] = int(counter.group(2))
+        elif counter is None:
+            entry["status"] = link.group(2)
+    return gpus
+
+
+def nvlink_active(links):
+    """How many links of a GPU's `-s` entry are up (a speed, not <inactive>)."""
+    return sum(1 for v in links.values() if v.get("status") and "inactive" not in v["status"].lower())
+
+
+def nvlink_findings(status, counters, before, expected):
+    """Findings of one GPU's NVLinks: ``status`` its ``-s`` entry, ``counters`` its ``-e`` links now, ``before``
+    the same last round ({} the first time: nothing grew yet), ``expected`` the links it should have up (the
+    most seen up, or the site's figure). Counters are cumulative: what grew since the last round is a finding."""
+    found = []
+    links = status.get("links", {})
+    inactive = sorted(n for n, v in links.items() if "inactive" in v.get("status", "").lower())
+    up = nvlink_active(links)
+    if status.get("all_inactive") or (expected and up < expected):
+        which = "all" if status.get("all_inactive") or not up else ", ".join(str(n) for n in inactive) or "?"
+        detail = f"NVLink down: {up} of {expected or len(links)} link(s) up (inactive: {which})"
+        found.append(_finding("nvlink", "critical", detail, "reset_gpu"))
+    grown = {}
+    prior = {str(k): v for k, v in (before or {}).items()}  # a state file's keys are strings
+    for link, values in counters.items():
+        for name, value in values.items():
+            delta = value - prior.get(str(link), {}).get(name, value)
+            if delta > 0:
+                grown.setdefault(name, []).append((link, delta))
+    for name, hits in sorted(grown.items()):
+        severity = "critical" if name in NVLINK_CRITICAL else ("warning" if name in NVLINK_WARNING else None)
+        if severity is None:
+            continue
+        where = ", ".join(f"link {link} +{delta}" for link, delta in sorted(hits))
+        found.append(_finding("nvlink", severity, f"NVLink {name} grew since the last round: {where}", "check"))
+    return found
+
+
 def _finding(check, severity, detail, action, **extra):
     finding = {"check": check, "severity": severity, "detail": detail, "action": action}
     finding.update(extra)
@@ -219,9 +307,11 @@ def _entry(index, bus_id, uuid, findings):
     return {"index": index, "bus_id": bus_id, "uuid": uuid, "healthy": healthy, "findings": findings}
 
 
-def evaluate(gpus, xids, expected_bus_ids=None):
+def evaluate(gpus, xids, expected_bus_ids=None, extra=None):
     """Verdict per GPU and for the host. Xid events on a bus id nvidia-smi does not
-    list (a GPU that fell off the bus) get an entry of their own (index None)."""
+    list (a GPU that fell off the bus) get an entry of their own (index None). ``extra``:
+    more findings per bus id (NVLink's)."""
+    extra = {normalize_bus_id(b): f for b, f in (extra or {}).items()}
     events = {}
     for event in xids or []:
         events.setdefault(normalize_bus_id(event.get("bus_id")), []).append(event)
@@ -229,7 +319,7 @@ def evaluate(gpus, xids, expected_bus_ids=None):
     for gpu in sorted(gpus or [], key=lambda g: (g.get("index") is None, g.get("index"))):
         bus_id = normalize_bus_id(gpu.get("bus_id"))
         seen.add(bus_id)
-        findings = _gpu_findings(gpu) + _xid_findings(events.get(bus_id, []))
+        findings = _gpu_findings(gpu) + extra.get(bus_id, []) + _xid_findings(events.get(bus_id, []))
         entries.append(_entry(gpu.get("index"), bus_id, gpu.get("uuid"), findings))
     absent = {normalize_bus_id(b) for b in expected_bus_ids or []} - seen
     for bus_id in sorted(absent | (set(events) - seen - {None})):

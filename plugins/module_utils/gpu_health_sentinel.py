@@ -32,6 +32,7 @@ from ansible_collections.rigops.fleet.plugins.module_utils.nvidia_smi import nor
 STATE_VERSION = 1
 SOURCES = ("nvidia_smi", "tegrastats")
 # keys every config has; a source's own keys besides (SOURCE_KEYS)
+# optional: nvlink_links (the NVLinks each GPU should have up; 0 or absent: the most seen up)
 CONFIG_KEYS = (
     "kernel_log",
     "expected_bus_ids",
@@ -216,8 +217,42 @@ def check(config, previous=None, acked=(), run=run_command, now=0.0, read_line=f
         errors.append(error)
     known = set(acked)
     live = [e for e in events if line_id(e["line"]) not in known]
-    result = gpu_health.evaluate(gpus, live, config["expected_bus_ids"])
-    return _state(config, previous, result, errors, events, acked, now)
+    nvlink, kept, nvlink_errors = nvlink_round(config, gpus, previous.get("nvlink") or {}, run)
+    result = gpu_health.evaluate(gpus, live, config["expected_bus_ids"], extra=nvlink)
+    return dict(_state(config, previous, result, errors + nvlink_errors, events, acked, now), nvlink=kept)
+
+
+def nvlink_round(config, gpus, before, run=run_command):
+    """(NVLink findings per bus id, what the state keeps per bus id, errors) of one round.
+
+    ``nvidia-smi nvlink -s`` says which links are up; where any GPU has links, ``-e`` gives the error counters.
+    The state keeps per GPU the most links seen up (``expected``; the config's ``nvlink_links`` when set) and
+    the counters, so a link that went down and a counter that grew since the last round are findings. A rig
+    without NVLink costs one ``-s`` a round and keeps nothing."""
+    by_uuid = {g["uuid"]: g["bus_id"] for g in gpus if g.get("uuid") and g.get("bus_id")}
+    rc, out, err = run(config["nvidia_smi"] + ["nvlink", "-s"])
+    if rc != 0:
+        # a GPU without NVLink may answer so; a rig that had links up must answer
+        problem = f"nvidia-smi nvlink -s exited {rc}: {(err or out).strip()[:200]}"
+        return {}, before, ([problem] if any(v.get("expected") for v in before.values()) else [])
+    status = {by_uuid[u]: v for u, v in gpu_health.parse_nvlink(out).items() if u in by_uuid}
+    wanted = int(config.get("nvlink_links") or 0)
+    expected = {
+        bus: max(wanted, (before.get(bus) or {}).get("expected", 0), gpu_health.nvlink_active(v["links"]))
+        for bus, v in status.items()
+    }
+    if not any(expected.values()) and not any(v["links"] or v["all_inactive"] for v in status.values()):
+        return {}, {}, []
+    rc, out, err = run(config["nvidia_smi"] + ["nvlink", "-e"])
+    errors = [] if rc == 0 else [f"nvidia-smi nvlink -e exited {rc}: {(err or out).strip()[:200]}"]
+    counters = {by_uuid[u]: v["links"] for u, v in gpu_health.parse_nvlink(out).items() if u in by_uuid and rc == 0}
+    findings, kept = {}, dict(before)  # a GPU nvidia-smi does not show now keeps its record
+    for bus, entry in status.items():
+        last = (before.get(bus) or {}).get("counters") or {}
+        now = counters.get(bus, last)
+        findings[bus] = gpu_health.nvlink_findings(entry, now, last, expected[bus])
+        kept[bus] = {"expected": expected[bus], "counters": {str(k): v for k, v in now.items()}}
+    return findings, kept, errors
 
 
 def _state(config, previous, result, errors, events, acked, now):

@@ -12,7 +12,10 @@ from ansible_collections.rigops.fleet.plugins.module_utils.gpu_health import (
     XIDS,
     evaluate,
     instance_verdicts,
+    nvlink_active,
+    nvlink_findings,
     parse_kernel_log,
+    parse_nvlink,
     prometheus,
     read_smi_xml,
 )
@@ -320,3 +323,59 @@ def test_xid_table_actions():
     assert {v["action"] for v in XIDS.values()} <= {"none", "restart_app", "reset_gpu", "reboot", "replace"}
     for xid in (13, 31, 43, 48, 63, 64, 74, 79, 94, 95, 119, 120):
         assert XIDS[xid]["meaning"]
+
+
+# --------------------------------------------------------------------------- NVLink (nvidia-smi nvlink -s / -e)
+
+
+def nvlink_text(name):
+    return (HEALTH / name).read_text()
+
+
+def test_nvlink_error_counters_of_a_real_a100():
+    (uuid, gpu), *_ = parse_nvlink(nvlink_text("n01_a100_nvlink_e_535.txt")).items()
+    assert uuid == "GPU-fde0a018-ad1a-bbec-ccf6-50a9f64bd178" and gpu["index"] == 0
+    assert gpu["name"] == "NVIDIA A100-SXM4-40GB" and sorted(gpu["links"]) == [0, 1, 11]
+    assert gpu["links"][11] == {"replay errors": 0, "recovery errors": 0, "crc errors": 0}
+
+
+def test_nvlink_status_and_counters_of_a_real_h100_with_spaces_for_the_tab():
+    (gpu,) = parse_nvlink(nvlink_text("n02_h100_nvlink_e_and_status.txt")).values()
+    assert gpu["links"][0] == {"replay errors": 0, "recovery errors": 0, "crc errors": 0, "status": "26.562 GB/s"}
+    assert gpu["links"][17] == {"crc errors": 0, "status": "26.562 GB/s"}
+    assert nvlink_active(gpu["links"]) == 2  # the author elided links 1-16 of --status
+
+
+def test_inactive_links_of_a_real_v100_and_a_b200_with_all_down():
+    (v100,) = parse_nvlink(nvlink_text("n03_v100_nvlink_s_inactive.txt")).values()
+    assert nvlink_active(v100["links"]) == 4
+    found = nvlink_findings(v100, {}, {}, 6)
+    assert [(f["severity"], f["detail"]) for f in found] == [
+        ("critical", "NVLink down: 4 of 6 link(s) up (inactive: 3, 5)")
+    ]
+    assert nvlink_findings(v100, {}, {}, 4) == []  # the links it is known to have are up
+    (b200,) = parse_nvlink(nvlink_text("n04_b200_nvlink_s_all_inactive.txt")).values()
+    assert b200["all_inactive"] and b200["links"] == {}
+    assert [f["detail"] for f in nvlink_findings(b200, {}, {}, 18)] == [
+        "NVLink down: 0 of 18 link(s) up (inactive: all)"
+    ]
+
+
+def test_grown_counters_are_findings_derived_from_the_a100():
+    """Counters only grow: what grew since the last round is a finding, replay and recovery critical (as DCGM's
+    health watch), CRC a warning; the first round has nothing to compare with."""
+    text = nvlink_text("n01_a100_nvlink_e_535.txt")
+    (before,) = parse_nvlink(text).values()
+    grown = re.sub(r"Link 1: Replay Errors: 0", "Link 1: Replay Errors: 2", text)
+    grown = re.sub(r"Link 11: CRC Errors: 0", "Link 11: CRC Errors: 40", grown)
+    (now,) = parse_nvlink(grown).values()
+    status = {"links": {n: {"status": "25 GB/s"} for n in range(12)}, "all_inactive": False}
+    assert nvlink_findings(status, now["links"], {}, 12) == []
+    stored = {str(k): v for k, v in before["links"].items()}  # as the state file keeps them
+    found = nvlink_findings(status, now["links"], stored, 12)
+    assert [(f["severity"], f["detail"]) for f in found] == [
+        ("warning", "NVLink crc errors grew since the last round: link 11 +40"),
+        ("critical", "NVLink replay errors grew since the last round: link 1 +2"),
+    ]
+    result = evaluate(read_smi_xml(A100.read_text()), [], extra={read_smi_xml(A100.read_text())[0]["bus_id"]: found})
+    assert not result["healthy"]

@@ -683,6 +683,57 @@ def test_orin_thermal_zones_agree_with_the_real_board_and_a_thermal_fault_thrott
     ]  # fmt: skip
 
 
+def test_nvlink_status_errors_and_faults_as_the_sentinel_reads_them(host):
+    from ansible_collections.rigops.fleet.plugins.module_utils import gpu_health  # noqa: PLC0415
+    from ansible_collections.rigops.fleet.plugins.module_utils import gpu_health_sentinel as sentinel  # noqa: PLC0415
+
+    h = host("h100x8", ready=True)
+
+    def run(argv, timeout=30):
+        r = h.smi(*argv[1:])
+        return r.returncode, r.stdout, r.stderr
+
+    status = h.smi("nvlink", "-s", "-i", "0").stdout.splitlines()
+    assert status[0].startswith("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-")
+    assert status[1:] == [f"\t Link {n}: 26.562 GB/s" for n in range(18)]  # as the real H100 (n02)
+    errors = h.smi("nvlink", "-e", "-i", "0").stdout.splitlines()
+    assert errors[1:5] == [
+        "\t Link 0: Replay Errors: 0",
+        "\t Link 0: Recovery Errors: 0",
+        "\t Link 0: CRC Errors: 0",
+        "",
+    ]
+    gpus = gpu_health.read_smi_xml(h.smi("-q", "-x").stdout)
+    config = {"nvidia_smi": ["nvidia-smi"]}
+    found, kept, problems = sentinel.nvlink_round(config, gpus, {}, run)
+    assert problems == [] and all(f == [] for f in found.values()) and len(found) == 8
+    assert {v["expected"] for v in kept.values()} == {18}
+    bus = gpus[2]["bus_id"]
+    assert _fault(h, "set", "2", "nvlink_down", "--value", "5").returncode == 0
+    assert _fault(h, "set", "2", "nvlink_errors", "--value", "3").returncode == 0
+    found, kept, problems = sentinel.nvlink_round(config, gpus, kept, run)
+    assert [(f["severity"], f["detail"]) for f in found[bus]] == [
+        ("critical", "NVLink down: 17 of 18 link(s) up (inactive: 5)"),
+        ("warning", "NVLink crc errors grew since the last round: link 0 +30"),
+        ("critical", "NVLink recovery errors grew since the last round: link 0 +3"),
+        ("critical", "NVLink replay errors grew since the last round: link 0 +3"),
+    ]
+    assert all(f == [] for b, f in found.items() if b != bus)
+    # the counters stay where they are: no new finding for them, the link is still down
+    found, kept, _ = sentinel.nvlink_round(config, gpus, kept, run)
+    assert [f["detail"] for f in found[bus]] == ["NVLink down: 17 of 18 link(s) up (inactive: 5)"]
+    assert _fault(h, "clear", "2").returncode == 0  # a GPU reset: links back, counters at 0
+    found, kept, _ = sentinel.nvlink_round(config, gpus, kept, run)
+    assert found[bus] == []
+    assert _fault(h, "set", "2", "nvlink_down", "--value", "18").stderr.endswith("has NVLinks 0 to 17, not 18\n")
+    rtx = host("rtx5090x2", ready=True)
+    assert rtx.tool("nvidia-sim-fault", "set", "0", "nvlink_errors").returncode == 2
+    rtx_gpus = gpu_health.read_smi_xml(rtx.smi("-q", "-x").stdout)
+    assert sentinel.nvlink_round(config, rtx_gpus, {}, lambda argv, timeout=30: (0, rtx.smi(*argv[1:]).stdout, "")) == (
+        {}, {}, []
+    )  # fmt: skip
+
+
 def test_jetson_with_l4t_nvidia_smi(host):
     data = yaml.safe_load((PROFILES / "jetson-thor.yaml").read_text())
     data["jetson"]["nvidia_smi"] = True

@@ -11,7 +11,10 @@ lab/sandbox/driver_repo/README.md, "Faults"):
 * ``link_x8``: the PCIe link trained at x8 (max stays the profile's width);
 * ``thermal``: HW Slowdown + HW Thermal Slowdown active, temperature ``--value`` C (default 92);
   on a Jetson, tegrastats shows its GPU (and tj) at that temperature;
-* ``power_brake``: HW Slowdown + HW Power Brake Slowdown active.
+* ``power_brake``: HW Slowdown + HW Power Brake Slowdown active;
+* ``nvlink_down``: NVLink ``--value`` (default 0) of the GPU ``<inactive>`` in ``nvidia-smi nvlink -s``;
+* ``nvlink_errors``: ``--value`` (default 1) replay and recovery errors, ten times that in CRC errors,
+  on link 0 in ``nvidia-smi nvlink -e`` (a GPU reset, ``clear``, sets the counters back to 0).
 
 State. Active faults live in ``/run/nvidia-sim/faults.json`` (a reboot clears them, like the
 rest of /run: a re-seated, re-trained, cooled GPU after a power cycle). The lifetime ECC
@@ -54,8 +57,9 @@ from typing import Any
 from . import kmod, paths
 from .profile import Gpu, Profile, ProfileError, load
 
-KINDS = ("xid79", "xid48", "link_x8", "thermal", "power_brake")
-VALUE_KINDS = {"xid48": 1, "thermal": 92}  # kinds that take --value, and its default
+KINDS = ("xid79", "xid48", "link_x8", "thermal", "power_brake", "nvlink_down", "nvlink_errors")
+# kinds that take --value, and its default
+VALUE_KINDS = {"xid48": 1, "thermal": 92, "nvlink_down": 0, "nvlink_errors": 1}
 # Before Ampere, a DBE retires the page; from Ampere on, the row remapper replaces the row.
 PAGE_RETIREMENT_ARCHS = ("kepler", "maxwell", "pascal", "volta", "turing")
 USAGE = (
@@ -209,8 +213,9 @@ def set_fault(prof: Profile, ident: str, kind: str, value: int | None) -> str:
         raise FaultError(f"unknown fault kind {kind!r}; one of: {', '.join(KINDS)}")
     if value is not None and kind not in VALUE_KINDS:
         raise FaultError(f"{kind} takes no --value (only {', '.join(VALUE_KINDS)} do)")
-    if value is not None and value < (1 if kind == "xid48" else 0):
-        raise FaultError(f"--value for {kind} must be {'a count of at least 1' if kind == 'xid48' else '>= 0'}")
+    counted = kind in ("xid48", "nvlink_errors")
+    if value is not None and value < (1 if counted else 0):
+        raise FaultError(f"--value for {kind} must be {'a count of at least 1' if counted else '>= 0'}")
     g = resolve(prof, ident)
     state = _read(paths.FAULTS)
     gpus = state.setdefault("gpus", {})
@@ -220,6 +225,12 @@ def set_fault(prof: Profile, ident: str, kind: str, value: int | None) -> str:
     if kind == "xid48" and not has_ecc(g):
         raise FaultError(f"GPU {g.bus_id} ({g['name']}) has no ECC memory (profile ecc: N/A); xid48 needs ECC")
     v = VALUE_KINDS.get(kind) if value is None else value
+    if kind.startswith("nvlink"):
+        links = max((prof.nvlinks(g, o) for o in prof.gpus if o.bdf != g.bdf), default=0)
+        if not links:
+            raise FaultError(f"GPU {g.bus_id} has no NVLink (profile nvlink); {kind} needs one")
+        if kind == "nvlink_down" and not 0 <= int(v or 0) < links:
+            raise FaultError(f"GPU {g.bus_id} has NVLinks 0 to {links - 1}, not {v}")
     lines: list[str] = []
     count = 0
     if kind == "xid48":
@@ -232,6 +243,8 @@ def set_fault(prof: Profile, ident: str, kind: str, value: int | None) -> str:
         _write(paths.ECC_AGGREGATE, agg_all)
         prev = mine.get("xid48", {}).get("value", 0)
         mine["xid48"] = {"value": prev + int(v or 1)}
+    elif kind == "nvlink_errors":  # counters only grow, until a GPU reset (clear)
+        mine[kind] = {"value": mine.get(kind, {}).get("value", 0) + int(v or 1)}
     else:
         mine[kind] = {} if v is None else {"value": v}
     if kind in ("xid79", "xid48") and kmod.is_loaded("nvidia"):

@@ -140,6 +140,7 @@ class Args:
         self.topo_matrix = False
         self.topo_pci_only = False
         self.p2p: str | None = None
+        self.nvlink: str | None = None
 
 
 def _take(argv: list[str], i: int, opt: str) -> tuple[str, int]:
@@ -180,6 +181,8 @@ def parse(argv: list[str]) -> Args:
         if a.p2p is not None and a.p2p not in P2P_CAPS:
             raise SmiExit(2, f"Invalid value \"{a.p2p}\" for option -p2p. Please run 'nvidia-smi topo -h'.")
         return a
+    if argv and argv[0] == "nvlink":
+        return _parse_nvlink(argv[1:], a)
     while i < len(argv):
         tok = argv[i]
         key = tok.split("=", 1)[0] if tok.startswith("--") else tok
@@ -239,6 +242,28 @@ def parse(argv: list[str]) -> Args:
         raise SmiExit(2, INVALID)
     if a.mode == "pm" and (a.pm or "").upper() not in ("0", "1", "ENABLED", "DISABLED"):
         raise SmiExit(2, INVALID)
+    return a
+
+
+def _parse_nvlink(argv: list[str], a: Args) -> Args:
+    """``nvidia-smi nvlink -s|-e [-i ID]`` (status, error counters); the other nvlink options are not modelled."""
+    a.mode = "nvlink"
+    i = 0
+    while i < len(argv):
+        t = argv[i].split("=", 1)[0]
+        if t in ("-s", "--status"):
+            a.nvlink = "status"
+            i += 1
+        elif t in ("-e", "--errorcounters"):
+            a.nvlink = "errors"
+            i += 1
+        elif t in ("-i", "--id"):
+            v, i = _take(argv, i, "-i")
+            a.ids = [x.strip() for x in v.split(",") if x.strip()]
+        else:
+            raise SmiExit(2, f"ERROR: Option {argv[i]} is not recognized. Please run 'nvidia-smi nvlink -h'.")
+    if a.nvlink is None:
+        raise SmiExit(2, "rigops sandbox stand-in: nvidia-smi nvlink models -s and -e only")
     return a
 
 
@@ -839,6 +864,38 @@ def query_xml(ctx: Ctx, gpus: list[Gpu]) -> str:
 
 
 # ---------------------------------------------------------------- topo
+# Per link, in this order, as pre-Blackwell drivers print them (nvidia-smi nvlink -e on A100 and H100)
+NVLINK_COUNTERS = ("Replay Errors", "Recovery Errors", "CRC Errors")
+
+
+def nvlink_links(ctx: Ctx, g: Gpu) -> int:
+    """A GPU's NVLinks: the most it has to any other GPU (an NVSwitch board: all of them to each peer)."""
+    return max((ctx.prof.nvlinks(g, o) for o in ctx.prof.gpus if o.bdf != g.bdf), default=0)
+
+
+def nvlink(ctx: Ctx, gpus: list[Gpu], what: str) -> str:
+    """``nvidia-smi nvlink -s`` / ``-e``, laid out as real captures (tab and a space before each link line; a
+    blank line after each link's counters). A link of an ``nvlink_down`` fault is ``<inactive>``; an
+    ``nvlink_errors`` fault adds its count to link 0's replay and recovery errors and ten times it to CRC.
+    A GPU without NVLink prints its header only (not checked against a capture)."""
+    speed = str((ctx.prof.data.get("nvlink") or {}).get("speed", "26.562 GB/s"))
+    out = []
+    for g in gpus:
+        out.append(f"GPU {g.index}: {g['name']} (UUID: {g.uuid})")
+        down = ctx.fault(g, "nvlink_down")
+        errors = int((ctx.fault(g, "nvlink_errors") or {}).get("value", 0))
+        for link in range(nvlink_links(ctx, g)):
+            if what == "status":
+                inactive = down is not None and int(down.get("value", 0)) == link
+                out.append(f"\t Link {link}: {'<inactive>' if inactive else speed}")
+                continue
+            n = errors if link == 0 else 0
+            for counter, value in zip(NVLINK_COUNTERS, (n, n, 10 * n)):
+                out.append(f"\t Link {link}: {counter}: {value}")
+            out.append("")
+    return "\n".join(out) + "\n"
+
+
 def topo_matrix(ctx: Ctx, pcie_only: bool = False, tty: bool = False) -> str:
     prof = ctx.prof
     gpus = prof.gpus
@@ -952,6 +1009,9 @@ def run(argv: list[str], package: dict[str, Any]) -> int:
             _emit(topo_p2p(ctx, args.p2p), None)
         else:
             _emit(topo_matrix(ctx, args.topo_pci_only, tty=sys.stdout.isatty()), None)
+        return 0
+    if args.mode == "nvlink":
+        _emit(nvlink(ctx, gpus, args.nvlink or "status"), None)
         return 0
     if args.mode == "pm":
         code, text = set_persistence(ctx, gpus, args.pm or "")
