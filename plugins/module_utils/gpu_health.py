@@ -245,6 +245,70 @@ def nvlink_findings(status, counters, before, expected):
     return found
 
 
+# ------------------------------------------------------------------------------------------------ DCGM
+# `dcgmi health -c` and `dcgmi discovery -l` (tests/fixtures/gpu-health/real/d0*.txt): the tool's tables.
+# The text, not `-j`: no public capture of `-j` with an incident was found, and the table is what the
+# captures show. DCGM watches memory and NVLink over time (rates, thresholds): where it answered for a GPU,
+# its verdict on those replaces nvidia-smi's snapshot findings (DCGM_COVERS); its other systems (power,
+# thermal, PCIe replays, InfoROM, driver) are added beside what nvidia-smi finds.
+DCGM_COVERS = ("ecc", "retired_pages", "row_remap", "nvlink")
+DCGM_RESULTS = {"healthy": None, "warning": "warning", "failure": "critical"}
+_DCGM_ROW_RE = re.compile(r"^\|\s*(.*?)\s*\|\s*(.*?)\s*\|\s*$")
+
+
+def parse_dcgmi_health(text):
+    """``dcgmi health -c``: {"watches": False} when no watch is set, else {"watches": True, "overall": word,
+    "gpus": {id: {"health": word, "systems": {name: {"health": word, "message": text}}}}}."""
+    text = text or ""
+    if "health watches not enabled" in text.lower():
+        return {"watches": False, "overall": None, "gpus": {}}
+    out = {"watches": True, "overall": None, "gpus": {}}
+    gpu = system = None
+    for line in text.splitlines():
+        row = _DCGM_ROW_RE.match(line.strip())
+        if not row:
+            continue
+        key, value = row.group(1), row.group(2)
+        if key == "Overall Health":
+            out["overall"] = value
+        elif re.match(r"^-> \d+$", key):
+            gpu = out["gpus"].setdefault(int(key[3:]), {"health": value, "systems": {}})
+            system = None
+        elif key.startswith("-> ") and gpu is not None and key != "-> Errors":
+            system = gpu["systems"].setdefault(key[3:], {"health": value, "message": ""})
+        elif key == "" and value and system is not None:
+            system["message"] = (system["message"] + " " + value).strip()
+        elif key and not key.startswith("->"):  # an entity group (GPU, NvSwitch...): its rows follow
+            gpu = system = None
+    return out
+
+
+def parse_dcgmi_discovery(text):
+    """``dcgmi discovery -l``: {DCGM GPU id: bus id}."""
+    ids, current = {}, None
+    for line in (text or "").splitlines():
+        row = _DCGM_ROW_RE.match(line.strip())
+        if not row:
+            continue
+        if row.group(1).isdigit():
+            current = int(row.group(1))
+        bus = re.match(r"^PCI Bus ID:\s*(\S+)", row.group(2))
+        if bus and current is not None:
+            ids[current] = normalize_bus_id(bus.group(1))
+    return ids
+
+
+def dcgm_findings(entry):
+    """Findings of one GPU's `dcgmi health -c` entry: a Failure critical, a Warning a warning."""
+    found = []
+    for name, system in sorted(entry.get("systems", {}).items()):
+        severity = DCGM_RESULTS.get(system["health"].lower(), "critical")
+        if severity:
+            detail = f"DCGM {name}: {system['health']}" + (f": {system['message']}" if system["message"] else "")
+            found.append(_finding("dcgm", severity, detail, "check", system=name))
+    return found
+
+
 def _finding(check, severity, detail, action, **extra):
     finding = {"check": check, "severity": severity, "detail": detail, "action": action}
     finding.update(extra)
@@ -307,11 +371,13 @@ def _entry(index, bus_id, uuid, findings):
     return {"index": index, "bus_id": bus_id, "uuid": uuid, "healthy": healthy, "findings": findings}
 
 
-def evaluate(gpus, xids, expected_bus_ids=None, extra=None):
+def evaluate(gpus, xids, expected_bus_ids=None, extra=None, dcgm=None):
     """Verdict per GPU and for the host. Xid events on a bus id nvidia-smi does not
     list (a GPU that fell off the bus) get an entry of their own (index None). ``extra``:
-    more findings per bus id (NVLink's)."""
+    more findings per bus id (NVLink's). ``dcgm``: DCGM's findings per bus id, for the GPUs
+    it answered for: they replace the findings of the checks in DCGM_COVERS."""
     extra = {normalize_bus_id(b): f for b, f in (extra or {}).items()}
+    dcgm = {normalize_bus_id(b): f for b, f in (dcgm or {}).items()}
     events = {}
     for event in xids or []:
         events.setdefault(normalize_bus_id(event.get("bus_id")), []).append(event)
@@ -319,7 +385,10 @@ def evaluate(gpus, xids, expected_bus_ids=None, extra=None):
     for gpu in sorted(gpus or [], key=lambda g: (g.get("index") is None, g.get("index"))):
         bus_id = normalize_bus_id(gpu.get("bus_id"))
         seen.add(bus_id)
-        findings = _gpu_findings(gpu) + extra.get(bus_id, []) + _xid_findings(events.get(bus_id, []))
+        findings = _gpu_findings(gpu) + extra.get(bus_id, [])
+        if bus_id in dcgm:
+            findings = dcgm[bus_id] + [f for f in findings if f["check"] not in DCGM_COVERS]
+        findings += _xid_findings(events.get(bus_id, []))
         entries.append(_entry(gpu.get("index"), bus_id, gpu.get("uuid"), findings))
     absent = {normalize_bus_id(b) for b in expected_bus_ids or []} - seen
     for bus_id in sorted(absent | (set(events) - seen - {None})):

@@ -32,7 +32,8 @@ from ansible_collections.rigops.fleet.plugins.module_utils.nvidia_smi import nor
 STATE_VERSION = 1
 SOURCES = ("nvidia_smi", "tegrastats")
 # keys every config has; a source's own keys besides (SOURCE_KEYS)
-# optional: nvlink_links (the NVLinks each GPU should have up; 0 or absent: the most seen up)
+# optional: nvlink_links (the NVLinks each GPU should have up; 0 or absent: the most seen up), dcgmi
+# (DCGM's dcgmi as argv, read first where it exists)
 CONFIG_KEYS = (
     "kernel_log",
     "expected_bus_ids",
@@ -218,8 +219,33 @@ def check(config, previous=None, acked=(), run=run_command, now=0.0, read_line=f
     known = set(acked)
     live = [e for e in events if line_id(e["line"]) not in known]
     nvlink, kept, nvlink_errors = nvlink_round(config, gpus, previous.get("nvlink") or {}, run)
-    result = gpu_health.evaluate(gpus, live, config["expected_bus_ids"], extra=nvlink)
-    return dict(_state(config, previous, result, errors + nvlink_errors, events, acked, now), nvlink=kept)
+    dcgm, dcgm_errors = dcgm_round(config, run)
+    result = gpu_health.evaluate(gpus, live, config["expected_bus_ids"], extra=nvlink, dcgm=dcgm)
+    state = _state(config, previous, result, errors + nvlink_errors + dcgm_errors, events, acked, now)
+    return dict(state, nvlink=kept, dcgm=sorted(dcgm))
+
+
+def dcgm_round(config, run=run_command, exists=os.path.exists):
+    """(DCGM's findings per bus id of the GPUs it answered for, errors), where DCGM is installed (the config's
+    ``dcgmi`` exists; else nothing, and nvidia-smi judges everything). With no health watch set (a fresh or
+    restarted host engine), the round sets them all (``dcgmi health -s a``) and DCGM answers from the next."""
+    dcgmi = config.get("dcgmi") or []
+    if not dcgmi or not exists(dcgmi[0]):
+        return {}, []
+    rc, out, err = run(dcgmi + ["health", "-c"])
+    # the table, whatever the exit status (a report of failures need not exit 0)
+    health = gpu_health.parse_dcgmi_health(out)
+    if not health["watches"]:
+        rc, out, err = run(dcgmi + ["health", "-s", "a"])
+        return {}, ([] if rc == 0 else [f"dcgmi health -s a exited {rc}: {(err or out).strip()[:200]}"])
+    if health["overall"] is None:
+        return {}, [f"dcgmi health -c exited {rc}: {(err or out).strip()[:200]}"]
+    rc, out, err = run(dcgmi + ["discovery", "-l"])
+    ids = gpu_health.parse_dcgmi_discovery(out) if rc == 0 else {}
+    if not ids:
+        return {}, [f"dcgmi discovery -l exited {rc} and named no GPU: {(err or out).strip()[:200]}"]
+    # a GPU DCGM lists and reports nothing for is healthy by DCGM: its memory and NVLink are DCGM's to judge
+    return {bus: gpu_health.dcgm_findings(health["gpus"].get(i, {})) for i, bus in ids.items()}, []
 
 
 def nvlink_round(config, gpus, before, run=run_command):

@@ -10,10 +10,13 @@ from pathlib import Path
 import pytest
 from ansible_collections.rigops.fleet.plugins.module_utils.gpu_health import (
     XIDS,
+    dcgm_findings,
     evaluate,
     instance_verdicts,
     nvlink_active,
     nvlink_findings,
+    parse_dcgmi_discovery,
+    parse_dcgmi_health,
     parse_kernel_log,
     parse_nvlink,
     prometheus,
@@ -379,3 +382,42 @@ def test_grown_counters_are_findings_derived_from_the_a100():
     ]
     result = evaluate(read_smi_xml(A100.read_text()), [], extra={read_smi_xml(A100.read_text())[0]["bus_id"]: found})
     assert not result["healthy"]
+
+
+# --------------------------------------------------------------------------- DCGM (dcgmi health -c, discovery -l)
+
+
+def test_dcgmi_health_of_a_real_l4_with_a_power_warning():
+    health = parse_dcgmi_health(nvlink_text("d01_l4_dcgmi_health_c_power_warning_461.txt"))
+    assert health["watches"] and health["overall"] == "Warning"
+    assert health["gpus"] == {
+        0: {
+            "health": "Warning",
+            "systems": {
+                "Power system": {
+                    "health": "Warning",
+                    "message": "Detected clocks event due to power violation in GPU 0. Monitor the power conditions."
+                    " This GPU can still perform workload.",
+                }
+            },
+        }
+    }
+    (found,) = dcgm_findings(health["gpus"][0])
+    assert (found["check"], found["severity"], found["system"]) == ("dcgm", "warning", "Power system")
+
+
+def test_dcgmi_health_of_a_real_a100_with_nvlink_down_and_without_watches():
+    health = parse_dcgmi_health(nvlink_text("d03_a100_dcgmi_health_nvlink_down_partial.txt"))
+    system = health["gpus"][0]["systems"]["NVLINK system"]
+    assert system["health"] == "Failure" and system["message"].startswith("GPU 0's NvLink link 0 is currently down")
+    assert [f["severity"] for f in dcgm_findings(health["gpus"][0])] == ["critical"]
+    assert parse_dcgmi_health(nvlink_text("d04_dcgmi_health_c_no_watches_461.txt")) == {
+        "watches": False,
+        "overall": None,
+        "gpus": {},
+    }
+    assert parse_dcgmi_health("Error: unable to connect")["overall"] is None
+
+
+def test_dcgmi_discovery_of_a_real_l4():
+    assert parse_dcgmi_discovery(nvlink_text("d02_l4_dcgmi_discovery_l_461.txt")) == {0: "0000:00:03.0"}

@@ -387,3 +387,13 @@ def test_script_refuses_a_broken_config_and_names_the_key(host):
     assert res.returncode == 2 and "config: kernel_log missing" in res.stderr
     res = script(host, "status", "0000:07:00.0")
     assert res.returncode == 2 and "a GPU is given to ack only" in res.stderr
+
+
+def test_dcgm_that_does_not_answer_is_an_error_and_nvidia_smi_judges_alone():
+    config = {"dcgmi": ["/usr/bin/dcgmi"]}
+    down = "Error: unable to establish a connection to the specified host: localhost\n"
+    found, problems = sentinel.dcgm_round(config, lambda argv, timeout=30: (1, down, ""), exists=lambda p: True)
+    assert found == {} and problems == [f"dcgmi health -c exited 1: {down.strip()}"]
+    # not installed (the default path absent), or switched off: no DCGM, no error
+    assert sentinel.dcgm_round(config, lambda *a, **k: 1 / 0, exists=lambda p: False) == ({}, [])
+    assert sentinel.dcgm_round({"dcgmi": []}, lambda *a, **k: 1 / 0) == ({}, [])

@@ -734,6 +734,62 @@ def test_nvlink_status_errors_and_faults_as_the_sentinel_reads_them(host):
     )  # fmt: skip
 
 
+def test_dcgmi_reports_the_faults_in_dcgms_own_tables(host):
+    from ansible_collections.rigops.fleet.plugins.module_utils import gpu_health  # noqa: PLC0415
+    from ansible_collections.rigops.fleet.plugins.module_utils import gpu_health_sentinel as sentinel  # noqa: PLC0415
+
+    h = host("h100x8", ready=True)
+    dcgmi = h.path("/usr/bin/dcgmi")
+    assert dcgmi.is_symlink() and not host("rtx5090x2").path("/usr/bin/dcgmi").exists()
+    real = (ROOT / "tests/fixtures/gpu-health/real/d01_l4_dcgmi_health_c_power_warning_461.txt").read_text()
+    assert h.run(dcgmi, "health", "-c").stdout == (
+        "Health watches not enabled.\nPlease enable watches.\n"  # as d04: a fresh host engine
+    )
+
+    def run(argv, timeout=30):
+        r = h.run(dcgmi, *argv[1:]) if argv[0] == "dcgmi" else h.smi(*argv[1:])
+        return r.returncode, r.stdout, r.stderr
+
+    config = {"dcgmi": ["dcgmi"], "nvidia_smi": ["nvidia-smi"]}
+    assert sentinel.dcgm_round(config, run, exists=lambda p: True) == ({}, [])  # it set the watches
+    found, problems = sentinel.dcgm_round(config, run, exists=lambda p: True)
+    assert problems == [] and len(found) == 8 and all(f == [] for f in found.values())
+    discovery = h.run(dcgmi, "discovery", "-l").stdout.splitlines()
+    assert discovery[0] == "8 GPUs found (Active)." and discovery[1:3] == real_discovery_head()
+    assert _fault(h, "set", "1", "power_brake").returncode == 0
+    assert _fault(h, "set", "4", "xid48", "--value", "2").returncode == 0
+    table = h.run(dcgmi, "health", "-c").stdout
+    # the layout of the real table: the same rules, the same column widths, the same wrapping
+    assert table.splitlines()[:3] == real.splitlines()[1:4]
+    assert "\n".join(table.splitlines()[5:11]) == "\n".join(real.splitlines()[6:12]).replace(
+        "GPU 0.", "GPU 1."
+    ).replace("| -> 0 ", "| -> 1 ")
+    found, problems = sentinel.dcgm_round(config, run, exists=lambda p: True)
+    gpus = gpu_health.read_smi_xml(h.smi("-q", "-x").stdout)
+    bus = {g["index"]: g["bus_id"] for g in gpus}
+    assert [(f["severity"], f["detail"]) for f in found[bus[4]]] == [
+        ("critical", "DCGM Memory system: Failure: Detected 2 volatile double-bit ECC error(s) in GPU 4.")
+    ]
+    result = gpu_health.evaluate(gpus, [], None, dcgm=found)
+
+    def checks(index):  # (this scratch host runs no persistence daemon)
+        return sorted(f["check"] for f in result["gpus"][index]["findings"] if f["check"] != "persistence")
+
+    # DCGM judged GPU 4's memory: nvidia-smi's ECC and row remapping findings give way to it
+    assert checks(4) == ["dcgm"]
+    assert sorted(f["check"] for f in gpu_health.evaluate(gpus, [])["gpus"][4]["findings"]) == [
+        "ecc", "persistence", "row_remap"
+    ]  # fmt: skip
+    # DCGM's power warning stands beside nvidia-smi's power brake slowdown
+    assert checks(1) == ["dcgm", "slowdown", "slowdown"]  # hw_slowdown and hw_power_brake_slowdown
+    assert sentinel.dcgm_round(config, run, exists=lambda p: False) == ({}, [])  # not installed: nvidia-smi alone
+
+
+def real_discovery_head():
+    real = (ROOT / "tests/fixtures/gpu-health/real/d02_l4_dcgmi_discovery_l_461.txt").read_text().splitlines()
+    return real[2:4]
+
+
 def test_jetson_with_l4t_nvidia_smi(host):
     data = yaml.safe_load((PROFILES / "jetson-thor.yaml").read_text())
     data["jetson"]["nvidia_smi"] = True

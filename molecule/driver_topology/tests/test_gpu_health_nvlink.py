@@ -1,7 +1,8 @@
-"""The GPU health sentinel on the sandbox's NVLink rig: a link down (counters that grow: tests/unit).
+"""The GPU health sentinel on the sandbox's NVLink rig with DCGM: a link down (counters: tests/unit).
 
-drv-cuda: 8x H100 SXM, 18 NVLinks per GPU (profile h100x8), instance all on every GPU, a round every 2 s,
-2 healthy rounds before the instance is routable again (molecule.yml).
+drv-cuda: 8x H100 SXM, 18 NVLinks per GPU, DCGM installed (profile h100x8: the stand-in dcgmi), instance all
+on every GPU, a round every 2 s, 2 healthy rounds before the instance is routable again (molecule.yml).
+DCGM is read first: its NVLINK system verdict replaces the sentinel's own reading of nvidia-smi nvlink.
 """
 
 import pytest
@@ -18,20 +19,22 @@ def gpu3(host):
     host.run("nvidia-sim-fault clear 3")
 
 
-def nvlink_findings(state, bus):
+def findings(state, bus):
     (gpu,) = [g for g in state["gpus"] if g["bus_id"] == bus]
-    return [(f["severity"], f["detail"]) for f in gpu["findings"] if f["check"] == "nvlink"]
+    return [(f["check"], f["severity"], f["detail"]) for f in gpu["findings"]]
 
 
 def test_a_link_down_takes_the_instance_out_until_the_gpu_reset(host, gpu3):
-    state = wait_for(host, "a healthy rig", lambda s: s["healthy"] and s["instances"]["all"]["routable"])
+    state = wait_for(host, "DCGM read", lambda s: s["healthy"] and len(s["dcgm"]) == 8, timeout=20)
+    assert state["instances"]["all"]["routable"] and state["errors"] == []
     assert {v["expected"] for v in state["nvlink"].values()} == {18}  # learned from nvidia-smi nvlink -s
     host.run_test("nvidia-sim-fault set 3 nvlink_down --value 7")
     state = wait_for(host, "the link down", lambda s: not s["instances"]["all"]["healthy"])
-    found = nvlink_findings(state, gpu3)
-    assert ("critical", "NVLink down: 17 of 18 link(s) up (inactive: 7)") in found
-    assert all(nvlink_findings(state, g["bus_id"]) == [] for g in state["gpus"] if g["bus_id"] != gpu3)
+    assert findings(state, gpu3) == [
+        ("dcgm", "critical", "DCGM NVLINK system: Failure: GPU 3's NvLink link 7 is currently down")
+    ]
+    assert all(findings(state, g["bus_id"]) == [] for g in state["gpus"] if g["bus_id"] != gpu3)
     assert state["instances"]["all"]["unhealthy_gpus"] == [gpu3]
     host.run_test("nvidia-sim-fault clear 3")
     state = wait_for(host, "routable after the reset", lambda s: s["instances"]["all"]["routable"])
-    assert nvlink_findings(state, gpu3) == []
+    assert findings(state, gpu3) == []

@@ -229,6 +229,8 @@ def _tools(prof, hw_dir: str, ch: Changes) -> None:
     wanted = dict(TOOLS)
     if prof.jetson:
         wanted.update(JETSON_TOOLS)
+    if prof.data.get("dcgm"):  # NVIDIA's DCGM installed (datacenter-gpu-manager-4): its client, dcgmi
+        wanted["dcgmi"] = "/usr/bin/dcgmi"
     for name, target in wanted.items():
         _divert(target)
         _symlink(target, os.path.join(hw_dir, "bin", name), ch)

@@ -890,7 +890,7 @@ def nvlink(ctx: Ctx, gpus: list[Gpu], what: str) -> str:
                 out.append(f"\t Link {link}: {'<inactive>' if inactive else speed}")
                 continue
             n = errors if link == 0 else 0
-            for counter, value in zip(NVLINK_COUNTERS, (n, n, 10 * n)):
+            for counter, value in zip(NVLINK_COUNTERS, (n, n, 10 * n), strict=True):
                 out.append(f"\t Link {link}: {counter}: {value}")
             out.append("")
     return "\n".join(out) + "\n"
