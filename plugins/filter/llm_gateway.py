@@ -172,9 +172,10 @@ def backends(hosts, hostvars, gateway, addresses=None):
 def drain(entries, drained, part="kept"):
     """The backends without what ``drained`` names (``part`` kept), or with only that (``part`` drained).
 
-    ``drained``: refs ``host`` (every instance of the rig) and ``host/instance``. A drained instance is
-    left out of the routing table like a rig of llm_gateway_exclude_hosts: its names stay known, an
-    alias goes on to its next target.
+    ``drained``: refs ``host`` (every instance of the rig: a drain by hand, or a rig of
+    llm_gateway_exclude_hosts) and ``host/instance``. A drained instance is left out of the routing
+    table: its names stay known, an alias goes on to its next target. A rig drained whole is out with
+    its problems (an address the gateway cannot reach is no reason to refuse the run that leaves it out).
     """
     if part not in ("kept", "drained"):
         raise ValueError(f"part must be kept or drained, not {part!r}")
@@ -183,7 +184,7 @@ def drain(entries, drained, part="kept"):
     for entry in _plain(entries or []):
         whole = entry["host"] in drained
         chosen = [i for i in entry["instances"] if (whole or i["ref"] in drained) == (part == "drained")]
-        if chosen or (part == "kept" and entry.get("problem")):
+        if chosen or (part == "kept" and entry.get("problem") and not whole):
             out.append(dict(entry, instances=chosen))
     return out
 
@@ -389,7 +390,7 @@ def _names(backend_list, remotes):
 
 
 def _parked(spec, served, remote_models):
-    """Names served only by rigs left out of this run (llm_gateway_exclude_hosts, failed rigs)."""
+    """Names served only by rigs and instances left out of this run (drained, failed rigs)."""
     out = []
     for entry in spec.get("excluded_backends") or []:
         for inst in entry.get("instances") or []:
@@ -543,7 +544,7 @@ def problems(spec):
                     f"{inst['ref']} ({inst['served_name']}): no API key: neither the vllm_service_keys fact of "
                     f"{entry['host']}, nor security.api_key in the inventory, nor a readable key file on the rig. "
                     f"Fix: deploy the instance first (site.yml --tags services -l {entry['host']}), or leave the rig "
-                    "out (llm_gateway_exclude_hosts)"
+                    "out (./rigops drain, or llm_gateway_exclude_hosts)"
                 )
             if entry["same_host"] and inst["port"] == spec.get("gateway_port"):
                 out.append(f"{inst['ref']}: port {inst['port']} is also the gateway's llm_gateway_port on this host")

@@ -191,6 +191,16 @@ def test_drains_take_rigs_and_instances_out_and_keep_their_names_known():
         gw.drain(b, [], "half")
 
 
+def test_a_rig_drained_whole_is_out_with_its_problems():
+    """llm_gateway_exclude_hosts is a drain the inventory holds: a rig left out whole (down for repair, an
+    address the gateway cannot reach) adds no problem to the run; drained by instance, it still does."""
+    broken = dict(backend("rig-x", instance("rig-x/alpha", "tiny-x", 8001)), problem="rig-x: no address")
+    b = [broken, backend("rig-c", instance("rig-c/gamma", "tiny-c", 8003))]
+    assert [e["host"] for e in gw.drain(b, ["rig-x"], "kept")] == ["rig-c"]
+    assert [e["host"] for e in gw.drain(b, ["rig-x/alpha"], "kept")] == ["rig-x", "rig-c"]
+    assert [e["host"] for e in gw.drain(b, ["rig-x"], "drained")] == ["rig-x"]
+
+
 def test_drain_targets_name_what_exists_and_updates_are_stable():
     b = [backend("rig-a", instance("rig-a/alpha", "tiny-a", 8001)), backend("rig-c")]
     assert gw.drain_targets(["rig-a:alpha", "rig-c", "rig-a:alpha"], b) == {

@@ -329,8 +329,8 @@ def test_a_client_removed_from_the_inventory_is_revoked(host):
 def test_a_drained_instance_stays_drained_through_a_rerun_until_undrained(host):
     key = put_key(host, "dev")
 
-    def drain(action, *targets):
-        extra = {"llm_gateway_drain_action": action, "llm_gateway_drain_targets": list(targets)}
+    def drain(action, *targets, **more):
+        extra = {"llm_gateway_drain_action": action, "llm_gateway_drain_targets": list(targets), **more}
         return ansible_playbook(ROOT / "playbooks" / "drain.yml", "-e", json.dumps(extra))
 
     rc, out = drain("drain", "vs-rig:alpha")  # ./rigops drain vs-rig:alpha
@@ -345,7 +345,12 @@ def test_a_drained_instance_stays_drained_through_a_rerun_until_undrained(host):
     # a target that is not there changes nothing and says what is
     rc, out = drain("drain", "vs-rig:omega")
     assert rc != 0 and "vs-rig has no instance 'omega'; its instances: alpha, beta" in out, out[-3000:]
-    rc, out = drain("undrain", "vs-rig")
+    # a rig the inventory excludes is a drain the inventory holds: undrain ends the drain by hand, not that one
+    rc, out = drain("undrain", "vs-rig", llm_gateway_exclude_hosts=["vs-rig"])
     assert rc == 0, out[-3000:]
     assert json.loads(host.check_output("cat /etc/rigops-llm-gateway/drains.json")) == {"drained": []}
+    assert chat_model(host, key, "tiny") == (503, "overloaded_error")
+    # the inventory without it: back
+    rc, out = ansible_playbook(ROOT / "playbooks" / "gateway.yml")
+    assert rc == 0, out[-3000:]
     assert chat_model(host, key, "tiny") == (200, "tiny-a")
