@@ -75,10 +75,19 @@ threads = [threading.Thread(target=client) for _ in range(N)]
 
 def inventory(rigs: list[dict], gateway: dict) -> dict:
     served = yaml.safe_load((sb.ROOT / "inventories/sandbox/host_vars/rig-5090/vllm_instances.yml").read_text())
+    # the gateway is on a host of its own: each instance binds every address of its rig (the sandbox network
+    # reaches the rig's container by name: inventories/sandbox/group_vars/gateways/llm_gateway.yml)
+    for instance in served["vllm_instances"]:
+        instance["host"] = "0.0.0.0"
     return {
         "gpu-rigs": {
             "hosts": {h["instance"]: sb.ssh_vars(h) for h in rigs},
-            "vars": {"gpu_topology_expected_gpus": 8, "nvidia_driver_branch": "590", **served},
+            "vars": {
+                "gpu_topology_expected_gpus": 8,
+                "nvidia_driver_branch": "590",
+                "vllm_service_allow_remote_bind": True,
+                **served,
+            },  # fmt: skip
         },
         "gateways": {
             "hosts": {gateway["instance"]: sb.ssh_vars(gateway)},

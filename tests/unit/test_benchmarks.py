@@ -694,3 +694,16 @@ def test_maintain_inventory_two_rigs_one_gateway():
     assert list(inv["gateways"]["hosts"]) == ["bench-mt-gw"]
     # the loop's client may ask faster than the default rate
     assert inv["gateways"]["vars"]["llm_gateway_clients"][0]["rate"] == "1000r/s"
+    # the gateway, on a host of its own, reaches each rig's instance at the rig's container name (an
+    # instance bound to loopback it could not reach: the main job's gateway stage failed so)
+    from ansible_collections.rigops.fleet.plugins.filter import llm_gateway as gw  # noqa: PLC0415
+
+    rig = {**inv["gpu-rigs"]["hosts"]["bench-mt-1"], **inv["gpu-rigs"]["vars"]}
+    addresses = {"bench-mt-1": "rigops-bench-mt-1"}  # inventories/sandbox/group_vars/gateways/llm_gateway.yml
+    (entry,) = gw.backends(["bench-mt-1"], {"bench-mt-1": rig}, "bench-mt-gw", addresses)
+    assert entry["problem"] is None and [(i["problem"], i["connect"]) for i in entry["instances"]] == [
+        (None, "rigops-bench-mt-1:8000")
+    ]
+    loopback = dict(rig, vllm_instances=[{k: v for k, v in i.items() if k != "host"} for i in rig["vllm_instances"]])
+    (entry,) = gw.backends(["bench-mt-1"], {"bench-mt-1": loopback}, "bench-mt-gw", addresses)
+    assert "binds 127.0.0.1" in entry["instances"][0]["problem"]
