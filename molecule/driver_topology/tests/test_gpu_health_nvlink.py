@@ -1,7 +1,7 @@
 """The GPU health sentinel on the sandbox's NVLink rig with DCGM: a link down (counters: tests/unit).
 
 drv-cuda: 8x H100 SXM, 18 NVLinks per GPU, DCGM installed (profile h100x8: the stand-in dcgmi), instance all
-on every GPU, a round every 2 s, 2 healthy rounds before the instance is routable again (molecule.yml).
+on every GPU, a round every 3 s, 2 healthy rounds before the instance is routable again (molecule.yml).
 DCGM is read first: its NVLINK system verdict replaces the sentinel's own reading of nvidia-smi nvlink.
 """
 
