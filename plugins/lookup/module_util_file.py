@@ -34,8 +34,11 @@ _raw:
 from ansible.errors import AnsibleLookupError
 from ansible.plugins.lookup import LookupBase
 from ansible_collections.rigops.fleet.plugins.module_utils import (
+    board_thermal,
     gpu_health,
     gpu_health_sentinel,
+    jetson_platform,
+    jetson_tegrastats,
     llm_gateway_health_feed,
     nvidia_smi,
     state_file,
@@ -45,7 +48,8 @@ from ansible_collections.rigops.fleet.plugins.module_utils import (
 
 # What a host runs outside Ansible: the vLLM launcher (roles/vllm_service/files/rigops-vllm-launch)
 # imports vllm_config, which imports vllm_instances; the GPU health sentinel (roles/gpu_health/files/rigops-gpu-health)
-# imports gpu_health_sentinel, which imports gpu_health and nvidia_smi, and state_file; the gateway's health feed
+# imports gpu_health_sentinel, which imports gpu_health, nvidia_smi, and for Jetson boards board_thermal,
+# jetson_platform and jetson_tegrastats, and state_file; the gateway's health feed
 # (roles/llm_gateway/files/rigops-llm-gateway-health) imports llm_gateway_health_feed and state_file.
 SHIPPED = {
     m.__name__.rsplit(".", 1)[-1]: m
@@ -54,6 +58,9 @@ SHIPPED = {
         vllm_instances,
         gpu_health,
         gpu_health_sentinel,
+        board_thermal,
+        jetson_platform,
+        jetson_tegrastats,
         nvidia_smi,
         state_file,
         llm_gateway_health_feed,

@@ -271,6 +271,10 @@ def script(host, *args, timeout=30):
 def test_the_role_installs_the_logic_the_script_imports():
     tasks = (ROOT / "roles/gpu_health/tasks/sentinel.yml").read_text()
     assert sorted(re.findall(r"module_util_file', '(\w+)'", tasks)) == SHIPPED
+    # and the lookup that finds them for the role knows each one
+    from ansible_collections.rigops.fleet.plugins.lookup.module_util_file import SHIPPED as KNOWN  # noqa: PLC0415
+
+    assert set(SHIPPED) <= set(KNOWN)
 
 
 def test_script_on_a_jetson_board_judges_tegrastats_against_the_thermal_zones(host):
