@@ -193,6 +193,21 @@ CASES = {
             "Preflight | Numbers in their ranges",
             "gpu_health_interval must be 1 to 3600 seconds (got 0)",
         ),
+        "a source it cannot read": (
+            {"gpu_health_source": "dcgm"},
+            "spec",
+            "value of gpu_health_source must be one of: nvidia_smi, tegrastats, got: dcgm",
+        ),
+        "a thermal limit in words": (
+            {"gpu_health_thermal_limits": {"gpu": "hot"}},
+            "Preflight | Numbers in their ranges",
+            'gpu_health_thermal_limits degrees C per sensor (got {"gpu": "hot"})',
+        ),
+        "dcgmi by name": (
+            {"gpu_health_dcgmi": "dcgmi"},
+            "Preflight | Numbers in their ranges",
+            'gpu_health_dcgmi an absolute path or "" (got "dcgmi")',
+        ),
     },
     "jetson_platform": {
         "power modes as a name": (
