@@ -349,7 +349,8 @@ def test_a_drained_instance_stays_drained_through_a_rerun_until_undrained(host):
     rc, out = drain("undrain", "vs-rig", llm_gateway_exclude_hosts=["vs-rig"])
     assert rc == 0, out[-3000:]
     assert json.loads(host.check_output("cat /etc/rigops-llm-gateway/drains.json")) == {"drained": []}
-    assert chat_model(host, key, "tiny") == (503, "overloaded_error")
+    assert chat_model(host, key, "tiny-a") == (503, "overloaded_error")
+    assert chat_model(host, key, "tiny") == (200, "hosted-1")  # the alias on to its hosted fallback
     # the inventory without it: back
     rc, out = ansible_playbook(ROOT / "playbooks" / "gateway.yml")
     assert rc == 0, out[-3000:]
