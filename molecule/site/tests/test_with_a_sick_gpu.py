@@ -1,9 +1,10 @@
 """GPU health drains at the gateway: a GPU of the rig falls off the bus under the instance `chat`; the sentinel
 (role gpu_health) calls the instance unhealthy, the gateway's health feed (role llm_gateway) routes the alias
 chat-any to its fallback (a hosted provider's stand-in on the rig) within 60 s, and every request for the alias
-keeps succeeding. The fault cleared and acknowledged, the instance comes back after gpu_health_recover_checks
-healthy rounds. The CPU build of vLLM keeps answering through the fault (it uses no GPU): what the gateway
-does is the feed's doing, not a dead upstream's.
+keeps succeeding, and the alerts GpuUnhealthy and VllmInstanceOnUnhealthyGpu fire in a real Prometheus reading
+the sentinel's metrics (site_prometheus.py). The fault cleared and acknowledged, the instance comes back after
+gpu_health_recover_checks healthy rounds. The CPU build of vLLM keeps answering through the fault (it uses no
+GPU): what the gateway does is the feed's doing, not a dead upstream's.
 
 It runs last (changes_state, and after test_tags.py in file order): a GPU that fell off the bus and came back
 is not the rig the tag runs of test_tags.py expect to find unchanged."""
@@ -20,6 +21,7 @@ DRAINED = "/var/lib/rigops-llm-gateway/health/drained.json"
 SENTINEL = "/usr/local/lib/rigops-gpu-health/rigops-gpu-health"
 FEED = "rigops-llm-gateway-health"
 TEXTFILE = "/var/lib/prometheus/node-exporter/rigops_gpu_health.prom"
+ALERTS = ("GpuUnhealthy", "VllmInstanceOnUnhealthyGpu")
 
 
 def drained(host):
@@ -38,7 +40,7 @@ def until(host, what, done, timeout=60):
     raise AssertionError(f"{what}: not within {timeout} s; the feed's file: {drained(host)}")
 
 
-def test_the_feed_runs_as_the_workers_user_and_drains_nothing_on_a_healthy_rig(host, standin):
+def test_the_feed_runs_as_the_workers_user_and_drains_nothing_on_a_healthy_rig(host, standin, prometheus):
     feed = host.service(FEED)
     assert feed.is_running and feed.is_enabled
     assert host.check_output(f"ps -o user= -p $(systemctl show -p MainPID --value {FEED})").strip() == "www-data"
@@ -49,9 +51,14 @@ def test_the_feed_runs_as_the_workers_user_and_drains_nothing_on_a_healthy_rig(h
     assert state["instances"]["chat"]["routable"] and state["age_seconds"] < 3 * state["interval"]
     assert chat(host, "chat-any") == (200, SERVED)
     assert chat(host, "hosted-1") == (200, "hosted-1")
+    # Prometheus reads the healthy rig's metrics (8 GPUs, the instance) and fires none of the GPU health alerts
+    prometheus.feed(host)
+    assert prometheus.until("GpuUnhealthy", lambda a: False, timeout=4) == []
+    assert [r["value"][1] for r in prometheus.query('count(rigops_gpu_healthy{host="site-rig"} == 1)')] == ["8"]
+    assert prometheus.alerts("VllmInstanceOnUnhealthyGpu") == []
 
 
-def test_a_gpu_off_the_bus_drains_its_instance_and_the_alias_falls_back(host, standin):
+def test_a_gpu_off_the_bus_drains_its_instance_and_the_alias_falls_back(host, standin, prometheus):
     (bus,) = [g["bus_id"] for g in json.loads(host.check_output(f"{SENTINEL} status"))["gpus"] if g["index"] == 0]
     host.run_test(f"nvidia-sim-fault set {bus} xid79")
     try:
@@ -64,6 +71,14 @@ def test_a_gpu_off_the_bus_drains_its_instance_and_the_alias_falls_back(host, st
         assert chat(host, SERVED) == (503, "overloaded_error")
         assert f"drained site-rig/chat: GPU(s) {bus}" in host.check_output(f"journalctl -u {FEED} --no-pager -o cat")
         assert 'rigops_vllm_instance_routable{vllm_instance="chat"} 0' in host.file(TEXTFILE).content_string
+        # the alerts fire (no `for:`: at the first evaluation after the scrape), for that GPU and that instance
+        prometheus.feed(host)
+        fired = prometheus.until("GpuUnhealthy", bool)
+        assert [(a["labels"]["host"], a["labels"]["bus_id"], a["labels"]["severity"]) for a in fired] == [
+            ("site-rig", bus, "critical")
+        ]
+        fired = prometheus.until("VllmInstanceOnUnhealthyGpu", bool)
+        assert [a["labels"]["vllm_instance"] for a in fired] == ["chat"]
     finally:
         host.run(f"nvidia-sim-fault clear {bus}")
     # the card back (a reset), the Xid line acknowledged by the operator: back after 2 healthy rounds
@@ -71,4 +86,7 @@ def test_a_gpu_off_the_bus_drains_its_instance_and_the_alias_falls_back(host, st
     seconds = until(host, "back", lambda d: d["drained"] == [])
     assert chat(host, "chat-any") == (200, SERVED) and chat(host, SERVED) == (200, SERVED)
     assert "back in service site-rig/chat" in host.check_output(f"journalctl -u {FEED} --no-pager -o cat")
+    prometheus.feed(host)
+    for name in ALERTS:
+        assert prometheus.until(name, lambda a: not a) == [], name
     print(f"fault cleared and acknowledged -> site-rig/chat back at the gateway: {seconds:.1f} s")
