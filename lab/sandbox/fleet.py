@@ -28,6 +28,7 @@ import fcntl
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -465,6 +466,8 @@ class Host:
     profile: str
     port: int
     stage: str = ""
+    # ports of the container published on the controller's loopback: ((controller port, host port), ...)
+    publish: tuple[tuple[int, int], ...] = ()
 
     @property
     def container(self) -> str:
@@ -529,8 +532,21 @@ def inventory_hosts(inventory: Path) -> list[Host]:
             continue
         if "ansible_port" not in hv:
             raise FleetError(f"host {name} in {inventory} has sandbox_profile but no ansible_port")
-        hosts.append(Host(name, hv["sandbox_profile"], int(hv["ansible_port"])))
+        hosts.append(Host(name, hv["sandbox_profile"], int(hv["ansible_port"]), publish=_publish(name, hv)))
     return hosts
+
+
+def _publish(name: str, hostvars: dict) -> tuple[tuple[int, int], ...]:
+    """sandbox_publish: {port on the host: port on the controller's 127.0.0.1} (a gateway's HTTPS, say)."""
+    value = hostvars.get("sandbox_publish") or {}
+    try:
+        pairs = tuple(sorted((int(outside), int(inside)) for inside, outside in dict(value).items()))
+    except (TypeError, ValueError) as exc:
+        why = f"host {name}: sandbox_publish must map ports to ports, e.g. {{8443: 2443}}: {value!r}"
+        raise FleetError(why) from exc
+    if any(not 0 < p < 65536 for pair in pairs for p in pair):
+        raise FleetError(f"host {name}: sandbox_publish has a port outside 1-65535: {value!r}")
+    return pairs
 
 
 def parse_host_spec(spec: str) -> Host:
@@ -558,6 +574,19 @@ def ensure_keypair() -> Path:
     return key
 
 
+def ensure_demo_client_key() -> Path:
+    """The key of the demo fleet's gateway client `demo` (inventories/sandbox/host_vars/gateway-01): made
+    once per machine, 0600, never in the repository."""
+    STATE.mkdir(parents=True, exist_ok=True)
+    path = STATE / "demo-client-key"
+    if not path.exists():
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secrets.token_urlsafe(32) + "\n")
+        log(f"gateway client key: created {path}")
+    return path
+
+
 def exec_in(host: Host, *cmd: str, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess:
     return podman("exec", "-i", host.container, *cmd, check=check, input=stdin)
 
@@ -578,7 +607,8 @@ HOST_RUN_OPTIONS = [
 
 
 def host_spec(host: Host, image: str) -> str:
-    return hashlib.sha256(json.dumps([host.profile, image, HOST_RUN_OPTIONS]).encode()).hexdigest()[:12]
+    spec = [host.profile, image, HOST_RUN_OPTIONS] + ([list(host.publish)] if host.publish else [])
+    return hashlib.sha256(json.dumps(spec).encode()).hexdigest()[:12]
 
 
 def create_host(host: Host, image: str) -> None:
@@ -599,6 +629,7 @@ def create_host(host: Host, image: str) -> None:
         host.name,
         "-p",
         f"127.0.0.1:{host.port}:22",
+        *(arg for outside, inside in host.publish for arg in ("-p", f"127.0.0.1:{outside}:{inside}")),
         "--label",
         f"{LABEL}=host",
         "--label",
@@ -735,12 +766,14 @@ def up(hosts: list[Host], as_json: bool) -> None:
         for svc in services():
             ensure_service(svc, base)
         key = ensure_keypair()
+        ensure_demo_client_key()
     pubkey = Path(f"{key}.pub").read_text()
     ports = {}
     for host in hosts:
-        if host.port in ports:
-            raise FleetError(f"hosts {ports[host.port]} and {host.name} both use port {host.port}")
-        ports[host.port] = host.name
+        for port in (host.port, *(outside for outside, _ in host.publish)):
+            if port in ports:
+                raise FleetError(f"hosts {ports[port]} and {host.name} both use port {port}")
+            ports[port] = host.name
     created = []
     for host in hosts:
         state = container_state(host.container)

@@ -7,6 +7,9 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+import yaml
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "lab" / "sandbox"))
 import fleet  # noqa: E402
@@ -78,3 +81,40 @@ def test_the_runtime_stage_takes_every_filter_file_its_role_applies():
     assert applied, "the role applies no filter of the collection: the pattern above went wrong"
     missing = sorted(f"{name} ({owners[name]})" for name in applied if owners[name] not in inputs)
     assert missing == [], f"add to the runtime stage's inputs: {missing}"
+
+
+# --------------------------------------------------------------------------- the demo fleet's gateway
+
+
+def test_the_demo_fleet_has_a_gateway_published_on_the_controller():
+    """inventories/sandbox: a host of group gateways whose HTTPS port is published where the demo says."""
+    hosts = {h.name: h for h in fleet.inventory_hosts(fleet.DEFAULT_INVENTORY)}
+    assert hosts["gateway-01"].publish == ((2443, 8443),) and hosts["gateway-01"].profile == "nogpu"
+    assert all(not h.publish for name, h in hosts.items() if name != "gateway-01")
+    ports = [p for h in hosts.values() for p in (h.port, *(outside for outside, _ in h.publish))]
+    assert len(ports) == len(set(ports))
+    url = yaml.safe_load((fleet.DEFAULT_INVENTORY / "host_vars/gateway-01/llm_gateway.yml").read_text())
+    assert url["llm_gateway_public_url"] == "https://127.0.0.1:2443"
+    assert "https://127.0.0.1:2443/v1" in (ROOT / "rigops").read_text()
+    # a gateway on a host of its own reaches only instances bound beyond the rig's loopback
+    for rig in ("rig-5090", "rig-h100"):
+        served = yaml.safe_load((fleet.DEFAULT_INVENTORY / f"host_vars/{rig}/vllm_instances.yml").read_text())
+        assert {i.get("host") for i in served["vllm_instances"]} == {"0.0.0.0"}, rig
+
+
+def test_a_published_port_changes_the_hosts_spec_and_bad_ones_are_refused():
+    plain = fleet.Host("gw", "nogpu", 2225)
+    published = fleet.Host("gw", "nogpu", 2225, publish=((2443, 8443),))
+    assert fleet.host_spec(plain, "img") != fleet.host_spec(published, "img")
+    assert fleet._publish("gw", {"sandbox_publish": {8443: 2443}}) == ((2443, 8443),)
+    for bad in ({8443: "https"}, {8443: 70000}, ["8443:2443"]):
+        with pytest.raises(fleet.FleetError, match="gw: sandbox_publish"):
+            fleet._publish("gw", {"sandbox_publish": bad})
+
+
+def test_the_demo_client_key_is_made_once_and_kept_private(tmp_path, monkeypatch):
+    monkeypatch.setattr(fleet, "STATE", tmp_path / "state")
+    path = fleet.ensure_demo_client_key()
+    key = path.read_text()
+    assert len(key.strip()) >= 32 and path.stat().st_mode & 0o777 == 0o600
+    assert fleet.ensure_demo_client_key().read_text() == key
