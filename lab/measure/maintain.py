@@ -48,7 +48,9 @@ CA = "/etc/rigops-llm-gateway/tls/cert.pem"
 DRAINED = "/var/lib/rigops-llm-gateway/health/drained.json"
 
 # Closed-loop clients through the gateway: `python3 loop.py KEY_FILE CONCURRENCY LOG`, one JSON line per answer
-# ({"t": end time, "s": seconds, "code": HTTP status or 0 for no answer}) until the file LOG.stop exists.
+# ({"t": end time, "s": seconds, "code": HTTP status or 0 for no answer, and for no answer "err": the exception and
+# "reused": whether the connection had carried an answer before}) until the file LOG.stop exists. No retry: a
+# request without an answer is counted failed, where the SDKs would retry it (the OpenAI SDK twice, by default).
 LOOP = r"""
 import http.client, json, os, ssl, sys, threading, time
 KEY = open(sys.argv[1]).read().strip(); N = int(sys.argv[2]); LOG = sys.argv[3]
@@ -57,17 +59,18 @@ BODY = json.dumps({"model": "qwen3.5-9b", "messages": [{"role": "user", "content
 HEAD = {"Authorization": "Bearer " + KEY, "Content-Type": "application/json"}
 lock = threading.Lock(); out = open(LOG, "a", buffering=1)
 def client():
-    conn = None
+    conn = None; used = False
     while not os.path.exists(LOG + ".stop"):
-        t0 = time.time(); code = 0
+        t0 = time.time(); code = 0; line = {}
         try:
-            conn = conn or http.client.HTTPSConnection("127.0.0.1", 8443, context=CTX, timeout=120)
+            if conn is None:
+                conn = http.client.HTTPSConnection("127.0.0.1", 8443, context=CTX, timeout=120); used = False
             conn.request("POST", "/v1/chat/completions", BODY, HEAD)
-            resp = conn.getresponse(); resp.read(); code = resp.status
-        except Exception:
-            conn = None
+            resp = conn.getresponse(); resp.read(); code = resp.status; used = True
+        except Exception as e:
+            line = {"err": repr(e)[:200], "reused": used}; conn = None
         with lock:
-            out.write(json.dumps({"t": time.time(), "s": round(time.time() - t0, 4), "code": code}) + "\n")
+            out.write(json.dumps({"t": time.time(), "s": round(time.time() - t0, 4), "code": code, **line}) + "\n")
 threads = [threading.Thread(target=client) for _ in range(N)]
 [t.start() for t in threads]; [t.join() for t in threads]
 """
@@ -120,6 +123,12 @@ def window(lines: list[dict], start: float, end: float) -> dict:
         "p50_ms": percentile(ok, 0.5),
         "p99_ms": percentile(ok, 0.99),
         "median_ms": round(statistics.median(ok) * 1000, 1) if ok else None,
+        # each failure: seconds after the window's start, the answer's code, and for no answer the exception
+        "failures": [
+            {"at_s": round(x["t"] - start, 1), "code": x["code"], "err": x.get("err"), "reused": x.get("reused")}
+            for x in chosen
+            if x["code"] != 200
+        ],
     }
 
 
@@ -230,6 +239,9 @@ def format_figures(f: dict) -> str:
             f"  {name:<7} {w['requests']:>6} requests, {w['failed']} failed (goal 0 during), "
             f"p50 {w['p50_ms']} ms, p99 {w['p99_ms']} ms; answers {w['codes']}"
         )
+    for x in f["during"]["failures"]:
+        lines.append(f"  failed at {x['at_s']}s into the maintenance: code {x['code']} {x['err'] or ''}"
+                     f"{' (on a reused connection)' if x['reused'] else ''}")  # fmt: skip
     lines.append(f"  planted Xid 79 -> drained at the gateway: {f['fault_to_drain_seconds']} s (goal: within 60 s)")
     return "\n".join(lines)
 

@@ -675,12 +675,15 @@ def test_comp_t_and_a_foreign_record_version():
 
 def test_maintain_windows_count_failures_and_latency_percentiles():
     lines = [{"t": 10 + i, "s": 0.1 * (i + 1), "code": 200} for i in range(10)]
-    lines += [{"t": 30, "s": 2.0, "code": 503}, {"t": 31, "s": 0.0, "code": 0}]
+    lines += [{"t": 30, "s": 2.0, "code": 503}, {"t": 31, "s": 0.0, "code": 0, "err": "RemoteDisconnected()",
+                                                  "reused": True}]  # fmt: skip
     before = maintain_bench.window(lines, 0, 14.5)
     assert before["requests"] == 5 and before["failed"] == 0 and before["p50_ms"] == 300.0
     during = maintain_bench.window(lines, 14.5, 40)
     assert during["requests"] == 7 and during["failed"] == 2 and during["codes"] == {"0": 1, "200": 5, "503": 1}
     assert during["p99_ms"] == 1000.0  # only answered requests make the latency
+    assert during["failures"] == [{"at_s": 15.5, "code": 503, "err": None, "reused": None},
+                                  {"at_s": 16.5, "code": 0, "err": "RemoteDisconnected()", "reused": True}]  # fmt: skip
     assert maintain_bench.window([], 0, 1)["p50_ms"] is None
 
 
