@@ -825,6 +825,53 @@ def test_a_missing_or_wrong_key_is_401(gateway, path, auth):
     assert resp_headers.get("WWW-Authenticate", "").startswith("Bearer")
 
 
+ANTHROPIC_ERROR = {"type", "error"}  # {type: "error", error: {type, message}}: what Anthropic's SDKs read
+OPENAI_ERROR = {"error"}  # {error: {message, type, param, code}}: OpenAI's SDKs and vLLM's own errors
+MESSAGE = {"model": "tiny-a", "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}]}
+
+
+@needs_nginx
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/messages/count_tokens", "/v1/chat/completions"])
+def test_the_key_in_x_api_key_is_a_key_too(gateway, path):
+    """Anthropic's SDKs send `x-api-key` by default (api_key=), Claude Code with ANTHROPIC_API_KEY too; the
+    gateway takes the key from it when there is no Authorization header, and passes it on to no upstream."""
+    gateway.up["alpha"].seen.clear()
+    status, body = gateway.call(path, body=MESSAGE, headers={"x-api-key": CLIENTS["dev"]})
+    assert status == 200, body
+    headers = {k.lower(): v for k, v in gateway.up["alpha"].seen[-1]["headers"].items()}
+    assert headers["authorization"] == f"Bearer {KEYS['alpha']}" and "x-api-key" not in headers
+    # a wrong key in it, or a right one beside a wrong Bearer (Authorization decides): 401
+    for headers in ({"x-api-key": "not-a-key"}, {"x-api-key": CLIENTS["dev"], "Authorization": "Bearer nope"},
+                    {"x-api-key": f"{CLIENTS['dev']} {CLIENTS['dev']}"}):  # fmt: skip
+        assert gateway.call(path, body=MESSAGE, headers=headers)[0] == 401, headers
+    # the limited client's key in x-api-key is that client's: its names only
+    status, body = gateway.call(path, body=dict(MESSAGE, model="far"), headers={"x-api-key": CLIENTS["limited"]})
+    assert status == 403 and body["error"]["type"] == "permission_error"
+
+
+@needs_nginx
+@pytest.mark.parametrize("family, path", [("anthropic", "/v1/messages"), ("anthropic", "/v1/messages/count_tokens"),
+                                          ("openai", "/v1/chat/completions"), ("openai", "/v1/responses")])  # fmt: skip
+def test_refusals_come_in_the_shape_of_the_api_family(gateway, family, path):
+    """Each family's SDK reads its own error shape: the gateway's refusals (gateway.js and nginx.conf's own)
+    answer /v1/messages in Anthropic's and every other path in OpenAI's, which vLLM's own errors also have."""
+    expected = ANTHROPIC_ERROR if family == "anthropic" else OPENAI_ERROR
+    cases = [
+        (401, "authentication_error", gateway.call(path, "wrong-key", MESSAGE)),
+        (403, "permission_error", gateway.call(path, CLIENTS["limited"], dict(MESSAGE, model="far"))),
+        (404, "not_found_error", gateway.call(path, CLIENTS["dev"], dict(MESSAGE, model="no-such-model"))),
+        (400, "invalid_request_error", gateway.call(path, CLIENTS["dev"], {"max_tokens": 4})),
+        (413, "invalid_request_error", gateway.call(path, CLIENTS["dev"], dict(MESSAGE, padding="x" * 70000))),
+    ]
+    for status, kind, (got, body) in cases:
+        assert got == status and set(body) == expected, (status, body)
+        assert body["error"]["type"] == kind and body["error"]["message"], body
+        if family == "anthropic":
+            assert body["type"] == "error" and set(body["error"]) == {"type", "message"}, body
+        else:
+            assert body["error"]["code"] == status and body["error"]["param"] is None, body
+
+
 @needs_nginx
 def test_models_403_404_and_what_each_key_may_use(gateway):
     status, body = gateway.call("/v1/models", CLIENTS["limited"])

@@ -208,16 +208,34 @@ def test_each_upstream_gets_its_own_key_never_the_clients(host):
 
 ANTHROPIC = """
 import json, sys, anthropic
-c = anthropic.Anthropic(base_url="https://127.0.0.1:8443", auth_token=open(sys.argv[1]).read().strip(), api_key=None)
-r = c.messages.create(model="tiny", max_tokens=4, messages=[{"role": "user", "content": "hi"}])
-print(json.dumps({"model": r.model, "type": r.type, "blocks": [b.type for b in r.content]}))
+key = open(sys.argv[1]).read().strip()
+hi = [{"role": "user", "content": "hi"}]
+out = {}
+# api_key: the SDK's default, sent as x-api-key; auth_token: sent as Authorization: Bearer
+for how, client in (("api_key", anthropic.Anthropic(base_url="https://127.0.0.1:8443", api_key=key)),
+                    ("auth_token", anthropic.Anthropic(base_url="https://127.0.0.1:8443", auth_token=key,
+                                                       api_key=None))):
+    r = client.messages.create(model="tiny", max_tokens=4, messages=hi)
+    out[how] = {"model": r.model, "type": r.type, "blocks": [b.type for b in r.content]}
+try:
+    anthropic.Anthropic(base_url="https://127.0.0.1:8443", api_key="not-" + key).messages.create(
+        model="tiny", max_tokens=4, messages=hi)
+except anthropic.AuthenticationError as e:
+    out["wrong_key"] = {"status": e.status_code, "body": e.body}
+print(json.dumps(out))
 """
 
 
 def test_claude_code_shape_messages_api_through_the_gateway(host):
-    """Claude Code speaks Anthropic's Messages API; the gateway passes /v1/messages on by model to vLLM's."""
+    """Claude Code speaks Anthropic's Messages API; the gateway passes /v1/messages on by model to vLLM's. The
+    key works in either header Anthropic's SDK sends, and a wrong one is refused in Anthropic's error shape,
+    which the SDK raises as its AuthenticationError."""
     out = python(host, ANTHROPIC, put_key(host, "dev"))
-    assert out["type"] == "message" and out["model"] == "tiny-a" and out["blocks"]
+    for how in ("api_key", "auth_token"):
+        assert out[how]["type"] == "message" and out[how]["model"] == "tiny-a" and out[how]["blocks"], how
+    wrong = out["wrong_key"]
+    assert wrong["status"] == 401 and wrong["body"]["type"] == "error", wrong
+    assert wrong["body"]["error"]["type"] == "authentication_error" and "x-api-key" in wrong["body"]["error"]["message"]
 
 
 SDK_FROM_ENV = """
