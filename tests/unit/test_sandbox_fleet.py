@@ -100,6 +100,7 @@ def test_the_demo_fleet_has_a_gateway_published_on_the_controller():
     for rig in ("rig-5090", "rig-h100"):
         served = yaml.safe_load((fleet.DEFAULT_INVENTORY / f"host_vars/{rig}/vllm_instances.yml").read_text())
         assert {i.get("host") for i in served["vllm_instances"]} == {"0.0.0.0"}, rig
+        assert served["vllm_service_allow_remote_bind"] is True, rig  # the schema refuses the bind without it
 
 
 def test_a_published_port_changes_the_hosts_spec_and_bad_ones_are_refused():

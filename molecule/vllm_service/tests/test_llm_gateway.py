@@ -113,6 +113,11 @@ def test_gateway_service_files_and_modes(host):
     assert f"ExecReload=/usr/sbin/nginx -t -q -c {ETC}/live/nginx.conf\nExecReload=/bin/kill -s HUP $MAINPID" in unit
     tool = host.file("/usr/local/lib/rigops-llm-gateway/rigops-llm-gateway-config")
     assert (tool.user, tool.group, tool.mode) == ("root", "root", 0o755)
+    # every worker may hold its 4096 connections (systemd's default soft limit is 1024 open files)
+    worker = host.check_output("pgrep -f 'nginx: worker process' | head -n 1")
+    limits = host.check_output(f"grep 'Max open files' /proc/{worker}/limits").split()
+    assert limits[3:5] == ["8192", "8192"], limits
+    assert "exceed open file resource limit" not in host.check_output("cat /var/log/rigops-llm-gateway/error.log")
 
 
 OPENAI = """
