@@ -673,6 +673,7 @@ def test_the_shipped_inventories_pass(inventory):
             "flavour": hv.get("vllm_runtime_flavour"),
             "expected_gpus": hv.get("gpu_topology_expected_gpus"),
             "instance_defaults": hv.get("vllm_service_instance_defaults"),
+            "allow_remote_bind": hv.get("vllm_service_allow_remote_bind", False),
         }
         assert schema.problems(hv.get("vllm_instances", []), context) == [], host
         judged += len(hv.get("vllm_instances", []))

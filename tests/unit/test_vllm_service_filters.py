@@ -64,7 +64,9 @@ def inventory_configs(inventory):
             "python": "/opt/rigops/vllm/releases/r1/venv/bin/python",
             "config_root": defaults["vllm_service_config_root"],
             "cache_root": "/var/cache/vllm",
-            "allow_remote_bind": defaults["vllm_service_allow_remote_bind"],
+            "allow_remote_bind": hostvars.get(
+                "vllm_service_allow_remote_bind", defaults["vllm_service_allow_remote_bind"]
+            ),
             "allowed_models": defaults["vllm_service_allowed_models"],
             "remote_code_allowed": defaults["vllm_service_remote_code_allowed"],
             "metrics_enabled": defaults["vllm_service_metrics_enabled"],
