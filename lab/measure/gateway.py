@@ -237,7 +237,7 @@ def run_sandbox(args, workdir: Path) -> dict:
         print(run.output[-4000:], file=sys.stderr)
         raise SystemExit("the gateway stage failed on bench-gw (see above)")
     files = {"upstream_key": "/etc/vllm/echo/api_key", "client_key": "/opt/bench/client_key",
-             "ca": "/etc/rigops-llm-gateway/tls/cert.pem"}  # fmt: skip
+             "ca": "/etc/rigops-llm-gateway/tls/ca.pem"}  # fmt: skip
     out = subprocess.run([*podman, "python3", "/opt/bench/load.py", json.dumps(spec(ports, files, args))],
                          check=True, capture_output=True, text=True, env=sb.ENV)  # fmt: skip
     return json.loads(out.stdout)
@@ -294,7 +294,7 @@ def run_local(args, workdir: Path) -> dict:
         subprocess.run([nginx, "-c", str(conf)], check=True)
         time.sleep(0.5)
         files = {"upstream_key": str(workdir / "upstream_key"), "client_key": str(workdir / "client_key"),
-                 "ca": str(etc / "tls" / "cert.pem")}  # fmt: skip
+                 "ca": str(etc / "tls" / "ca.pem")}  # fmt: skip
         out = subprocess.run([sys.executable, str(workdir / "load.py"), json.dumps(spec(ports, files, args))],
                              check=True, capture_output=True, text=True)  # fmt: skip
         return json.loads(out.stdout)

@@ -44,7 +44,7 @@ CLIENT_KEY = "bench-maintain-client-key-0123456789abcdef0123"
 SERVED = "qwen3.5-9b"
 CONCURRENCY = 4
 LOG = "/var/log/rigops-bench-maintain.jsonl"
-CA = "/etc/rigops-llm-gateway/tls/cert.pem"
+CA = "/etc/rigops-llm-gateway/tls/ca.pem"
 DRAINED = "/var/lib/rigops-llm-gateway/health/drained.json"
 
 # Closed-loop clients through the gateway: `python3 loop.py KEY_FILE CONCURRENCY LOG`, one JSON line per answer
@@ -54,7 +54,7 @@ DRAINED = "/var/lib/rigops-llm-gateway/health/drained.json"
 LOOP = r"""
 import http.client, json, os, ssl, sys, threading, time
 KEY = open(sys.argv[1]).read().strip(); N = int(sys.argv[2]); LOG = sys.argv[3]
-CTX = ssl.create_default_context(cafile="/etc/rigops-llm-gateway/tls/cert.pem"); CTX.check_hostname = False
+CTX = ssl.create_default_context(cafile="/etc/rigops-llm-gateway/tls/ca.pem"); CTX.check_hostname = False
 BODY = json.dumps({"model": "qwen3.5-9b", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
 HEAD = {"Authorization": "Bearer " + KEY, "Content-Type": "application/json"}
 lock = threading.Lock(); out = open(LOG, "a", buffering=1)

@@ -14,7 +14,7 @@ SCENARIO = Path(os.environ.get("MOLECULE_SCENARIO_DIRECTORY", Path(__file__).res
 HOST_VARS = yaml.safe_load((SCENARIO / "molecule.yml").read_text())["provisioner"]["inventory"]["host_vars"]["site-rig"]
 DEV_KEY = HOST_VARS["llm_gateway_clients"][0]["key"]
 SERVED = "qwen3.5-9b"
-CA = "/etc/rigops-llm-gateway/tls/cert.pem"
+CA = "/etc/rigops-llm-gateway/tls/ca.pem"
 # the client's key in a root-only header file: no command line carries it
 AUTH = "/root/drain-auth"
 

@@ -30,7 +30,7 @@ REMOTE = HOST_VARS["llm_gateway_remotes"][0]
 REMOTE_KEY = REMOTE["key"]
 PYTHON = "/opt/rigops/vllm/current/venv/bin/python"
 BASE = "https://127.0.0.1:8443"
-CA = "/etc/rigops-llm-gateway/tls/cert.pem"
+CA = "/etc/rigops-llm-gateway/tls/ca.pem"
 ETC = "/etc/rigops-llm-gateway"
 # every name, and the model that answers it while every upstream runs
 SERVED = {"tiny-a": "tiny-a", "tiny-b": "tiny-b", "hosted-1": "hosted-1", "tiny": "tiny-a", "tiny-far": "tiny-a"}
