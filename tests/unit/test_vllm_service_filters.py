@@ -107,8 +107,8 @@ def test_sandbox_gpus_are_written_and_read_back(all_configs):
     (cfg,) = all_configs["sandbox/rig-5090"]
     text = plugin.render_toml(cfg, HEADER, LAUNCHER_ON_HOST)
     assert tomllib.loads(text)["server"]["gpus"] == [0, 1]
-    assert tomllib.loads(text)["model"]["max_model_len"] == 1024  # the sandbox's defaults were merged
-    assert tomllib.loads(text)["engine"]["kv_cache_memory_bytes"] == 67108864
+    assert tomllib.loads(text)["model"]["max_model_len"] == 65536  # its own (coding clients), over the default
+    assert tomllib.loads(text)["engine"]["kv_cache_memory_bytes"] == 67108864  # the sandbox's defaults were merged
 
 
 def test_file_text_header_comments_and_layout():
