@@ -343,7 +343,7 @@ def c_chat_seed(ctx, model):
         ctx.openai.chat.completions.create(model=model, messages=HI, max_tokens=TOKENS, temperature=0.8, seed=7)
         .choices[0]
         .message.content
-        for _ in range(2)
+        for _seed_run in range(2)
     }
     check(len(answers) == 1, f"one seed, two answers: {answers}")
     return "same answer twice"
@@ -707,7 +707,7 @@ def c_disconnect_frees_slot(ctx, model):
     stream = ctx.openai.chat.completions.create(
         model=model, messages=HI, max_tokens=4000, stream=True, extra_body={"ignore_eos": True}
     )
-    for i, _ in enumerate(stream):
+    for i, _chunk in enumerate(stream):
         if i == 2:
             break
     running_during = _running(ctx, url)
@@ -1015,7 +1015,7 @@ def install_clis(log=print) -> dict:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="rigops conformance", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="rigops conformance", description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--clients", type=Path, help="the folder playbooks/clients.yml wrote for one client")
     parser.add_argument("--model", action="append", default=[], help="a name to test (repeatable; default: all)")
     parser.add_argument("--case", action="append", default=[], choices=sorted(CASES), help="a case (repeatable)")

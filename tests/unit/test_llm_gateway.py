@@ -26,7 +26,6 @@ import socket
 import ssl
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -747,68 +746,6 @@ def test_the_set_is_checked_sealed_and_root_only(gateway):
     assert check.returncode != 0 and "proxy_passs" in check.stderr
 
 
-def x509(path):
-    """basicConstraints CA, extended key usages and subject alternative names of a PEM certificate."""
-    from cryptography import x509 as cx
-    from cryptography.x509.oid import ExtensionOID
-
-    cert = cx.load_pem_x509_certificate(Path(path).read_bytes())
-    ext = {e.oid: e.value for e in cert.extensions}
-    san = ext.get(ExtensionOID.SUBJECT_ALTERNATIVE_NAME)
-    usage = ext.get(ExtensionOID.EXTENDED_KEY_USAGE)
-    return {
-        "ca": ext[ExtensionOID.BASIC_CONSTRAINTS].ca,
-        "san": sorted(str(v.value) for v in san) if san else [],
-        "usage": [u._name for u in usage] if usage else [],
-        "issuer": cert.issuer.rfc4514_string(),
-        "subject": cert.subject.rfc4514_string(),
-    }
-
-
-@needs_nginx
-def test_the_gateway_serves_a_leaf_its_own_ca_signed(gateway):
-    """Given no certificate, the role makes a CA and a server certificate it signs: rustls clients (Codex)
-    refuse a server certificate that is its own CA. The served chain verifies against ca.pem; the keys are
-    root only; a rerun keeps both; a gateway from before the CA (a lone self-signed cert.pem) gets both."""
-    tls = gateway.etc / "tls"
-    ca, leaf = x509(tls / "ca.pem"), x509(tls / "cert.pem")
-    assert ca["ca"] is True and leaf["ca"] is False and leaf["usage"] == ["serverAuth"]
-    assert leaf["issuer"] == ca["subject"] != leaf["subject"] and "127.0.0.1" in leaf["san"]
-    verify = subprocess.run(["openssl", "verify", "-CAfile", str(tls / "ca.pem"), str(tls / "cert.pem")],
-                            capture_output=True, text=True, check=False)  # fmt: skip
-    assert verify.returncode == 0, verify.stdout + verify.stderr
-    for name, mode in (("ca-key.pem", 0o600), ("key.pem", 0o600), ("ca.pem", 0o644), ("cert.pem", 0o644)):
-        assert (tls / name).stat().st_mode & 0o777 == mode, name
-    # what a client sees on the wire: the leaf, checked against the CA alone
-    assert gateway.chat("tiny-a")[0] == 200
-    with tempfile.TemporaryDirectory() as old:
-        before = {name: (tls / name).read_bytes() for name in ("ca.pem", "cert.pem")}
-        rc, out = playbook(gateway.tmp, gateway.inv)
-        assert rc == 0, out[-3000:]
-        assert {name: (tls / name).read_bytes() for name in before} == before
-        # the upgrade: tls/ as the role left it before the CA
-        for name in ("ca.pem", "ca-key.pem"):
-            shutil.move(tls / name, Path(old) / name)
-        subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-                        "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
-                        "-keyout", str(tls / "key.pem"), "-out", str(tls / "cert.pem")],
-                       check=True, capture_output=True)  # fmt: skip
-        try:
-            rc, out = playbook(gateway.tmp, gateway.inv)
-            assert rc == 0, out[-3000:]
-            again = x509(tls / "cert.pem")
-            assert again["ca"] is False and again["issuer"] == x509(tls / "ca.pem")["subject"]
-        finally:
-            for name in ("ca.pem", "ca-key.pem"):
-                shutil.move(Path(old) / name, tls / name)
-            for name in ("cert.pem", "key.pem"):
-                (tls / name).unlink()
-            # the fixture's pair back, the set staged again from it
-            rc, out = playbook(gateway.tmp, gateway.inv)
-            assert rc == 0, out[-3000:]
-            assert x509(tls / "cert.pem")["issuer"] == ca["subject"]
-
-
 @needs_nginx
 @pytest.mark.parametrize(
     ("name", "answered_by"),
@@ -1297,3 +1234,56 @@ def test_the_example_gateway_names_only_what_the_example_inventory_serves():
         for (h, v), g in zip(hosts.items(), ("rtx5090", "h100", "jetson"), strict=True)}  # fmt: skip
     refused = gw.problems(dict(spec_, backends=gw.backends(list(loopback), loopback, "gw-01")))
     assert len(refused) == 5 and all("vllm_service_allow_remote_bind" in p for p in refused)
+
+
+def x509(path):
+    """basicConstraints CA, extended key usages and subject alternative names of a PEM certificate."""
+    from cryptography import x509 as cx
+    from cryptography.x509.oid import ExtensionOID
+
+    cert = cx.load_pem_x509_certificate(Path(path).read_bytes())
+    ext = {e.oid: e.value for e in cert.extensions}
+    san = ext.get(ExtensionOID.SUBJECT_ALTERNATIVE_NAME)
+    usage = ext.get(ExtensionOID.EXTENDED_KEY_USAGE)
+    return {
+        "ca": ext[ExtensionOID.BASIC_CONSTRAINTS].ca,
+        "san": sorted(str(v.value) for v in san) if san else [],
+        "usage": [u._name for u in usage] if usage else [],
+        "issuer": cert.issuer.rfc4514_string(),
+        "subject": cert.subject.rfc4514_string(),
+    }
+
+
+@needs_nginx
+def test_the_gateway_serves_a_leaf_its_own_ca_signed(gateway):
+    """Given no certificate, the role makes a CA and a server certificate it signs: rustls clients (Codex)
+    refuse a server certificate that is its own CA. The served chain verifies against ca.pem; the keys are
+    root only; a rerun keeps both; a gateway from before the CA (a lone self-signed cert.pem) gets both. (Last in
+    the file: the pair it leaves is not the one the gateway serves.)"""
+    tls = gateway.etc / "tls"
+    ca, leaf = x509(tls / "ca.pem"), x509(tls / "cert.pem")
+    assert ca["ca"] is True and leaf["ca"] is False and leaf["usage"] == ["serverAuth"]
+    assert leaf["issuer"] == ca["subject"] != leaf["subject"] and "127.0.0.1" in leaf["san"]
+    verify = subprocess.run(["openssl", "verify", "-CAfile", str(tls / "ca.pem"), str(tls / "cert.pem")],
+                            capture_output=True, text=True, check=False)  # fmt: skip
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    for name, mode in (("ca-key.pem", 0o600), ("key.pem", 0o600), ("ca.pem", 0o644), ("cert.pem", 0o644)):
+        assert (tls / name).stat().st_mode & 0o777 == mode, name
+    # what a client sees on the wire: the leaf, checked against the CA alone
+    assert gateway.chat("tiny-a")[0] == 200
+    before = {name: (tls / name).read_bytes() for name in ("ca.pem", "cert.pem")}
+    rc, out = playbook(gateway.tmp, gateway.inv)
+    assert rc == 0, out[-3000:]
+    assert {name: (tls / name).read_bytes() for name in before} == before
+    # the upgrade: tls/ as the role left it before the CA
+    for name in ("ca.pem", "ca-key.pem"):
+        (tls / name).unlink()
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+                    "-nodes", "-days", "2", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1",
+                    "-keyout", str(tls / "key.pem"), "-out", str(tls / "cert.pem")],
+                   check=True, capture_output=True)  # fmt: skip
+    rc, out = playbook(gateway.tmp, gateway.inv)
+    assert rc == 0, out[-3000:]
+    again = x509(tls / "cert.pem")
+    assert again["ca"] is False and again["issuer"] == x509(tls / "ca.pem")["subject"]
+    assert (tls / "ca.pem").read_bytes() != before["ca.pem"] and (tls / "ca-key.pem").stat().st_mode & 0o777 == 0o600

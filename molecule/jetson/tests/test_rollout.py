@@ -38,13 +38,14 @@ def board(name):
     return get_host(name)
 
 
-def rollout(tmp_path, *args, faults=()):
+def rollout(tmp_path, *args, faults=(), regressions=(), conformance=True):
     """Run the runner as a user would; its exit code, its output and its JSON report."""
     inventory = Path(os.environ["MOLECULE_INVENTORY_FILE"]).parent
     cmd = [
         sys.executable, str(ROOT / "commands" / "rollout.py"), "--plain",
         "-i", str(inventory), "-i", str(ROOT / "inventories" / "sandbox" / "groups.yml"),
-        "-e", json.dumps(dict(NEW_PIN, rollout_fault_hosts=list(faults))),
+        "-e", json.dumps(dict(NEW_PIN, rollout_fault_hosts=list(faults), rollout_regression_hosts=list(regressions),
+                              rollout_conformance=conformance)),
         "--report-dir", str(tmp_path), *args,
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=3600)
@@ -87,7 +88,9 @@ def test_a_new_runtime_pin_with_a_planted_failure(before, tmp_path):
     """Canary jet-1, then jet-2 and jet-3: jet-2 fails its gate on the new release and is rolled back, its
     batch-mate jet-3 goes on to the new release."""
     assert all(s["completion"] == "200" for s in before.values())
-    rc, out, report = rollout(tmp_path, "--batches", "1,100%", "--max-fail-percentage", "70", faults=["jet-2"])
+    # (without the canary's conformance gate, for time: its pass is the rerun's, its failure the failed canary's)
+    rc, out, report = rollout(tmp_path, "--batches", "1,100%", "--max-fail-percentage", "70", faults=["jet-2"],
+                              conformance=False)  # fmt: skip
     assert rc == 1, out[-4000:]
     hosts = {h["host"]: h for h in report["hosts"]}
     assert {h: e["status"] for h, e in hosts.items()} == {
@@ -123,12 +126,20 @@ def test_a_new_runtime_pin_with_a_planted_failure(before, tmp_path):
 
 
 def test_a_failed_canary_leaves_every_other_board_untouched(tmp_path):
-    """jet-2 (the new release already staged there: a switch, no install) fails as the canary: jet-3 stays."""
+    """jet-2 (the new release already staged there: a switch, no install) fails as the canary: jet-3 stays.
+    Its new configuration is the planted regression: without the tool-call parser, vLLM starts and answers the
+    endpoint gate's chat, and refuses the tool calls it answered before, which the conformance gate finds."""
     untouched = {name: state(board(name)) for name in ("jet-3",)}
-    rc, out, report = rollout(tmp_path, "-l", "jet-2,jet-3", faults=["jet-2"])
+    rc, out, report = rollout(tmp_path, "-l", "jet-2,jet-3", regressions=["jet-2"])
     assert rc == 1, out[-4000:]
     hosts = {h["host"]: h for h in report["hosts"]}
     assert hosts["jet-2"]["status"] == "rolled_back" and hosts["jet-2"]["canary"]
+    reason = hosts["jet-2"]["reason"]
+    # (the first of the cases it broke: tool_required, then tool_named, ..., tool_auto)
+    assert reason.startswith("conformance: ") and "tiny tool_required: pass -> unsupported" in reason, reason
+    assert "requires --tool-call-parser" in reason and hosts["jet-2"]["rollback_gate"]["chat"]["chat_s"] is not None
+    # what served before is back: the parser in the command line, a tool call answered
+    assert "--tool-call-parser" in board("jet-2").file("/etc/vllm/chat/config.toml").content_string
     assert hosts["jet-3"]["status"] == "not_started"
     assert report["stopped"] == "the canary jet-2 failed: no other host was touched"
     for name, was in untouched.items():
@@ -145,6 +156,9 @@ def test_a_rerun_of_a_finished_rollout_changes_nothing(tmp_path):
     assert [h["status"] for h in report["hosts"]] == ["unchanged", "unchanged"]
     assert all(not h["rolled_back"] and h["before"] == h["after"] for h in report["hosts"])
     assert [h["changed_tasks"] for h in report["hosts"]] == [0, 0]
+    # the canary's conformance gate ran, on jet-1 only, and found nothing the (empty) change broke
+    steps = {h["host"]: h["stage_seconds"] for h in report["hosts"]}
+    assert "conformance" in steps["jet-1"] and "conformance" not in steps["jet-3"], steps
     for name, snapshot in was.items():
         assert state(board(name)) == snapshot, name
     assert "2 unchanged" in out and "exit 0" in out
