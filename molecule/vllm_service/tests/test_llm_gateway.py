@@ -29,7 +29,7 @@ CLIENT_KEYS = {c["name"]: c["key"] for c in HOST_VARS["llm_gateway_clients"]}
 REMOTE = HOST_VARS["llm_gateway_remotes"][0]
 REMOTE_KEY = REMOTE["key"]
 PYTHON = "/opt/rigops/vllm/current/venv/bin/python"
-BASE = "https://127.0.0.1:8443"
+BASE = "https://127.0.0.1:2461"
 CA = "/etc/rigops-llm-gateway/tls/ca.pem"
 ETC = "/etc/rigops-llm-gateway"
 # every name, and the model that answers it while every upstream runs
@@ -81,7 +81,7 @@ def test_gateway_service_files_and_modes(host):
     assert svc.is_running and svc.is_enabled
     assert not host.service("nginx").is_running and not host.service("nginx").is_enabled
     listening = host.check_output("ss -Hltn").splitlines()
-    assert any(re.match(r"LISTEN\s+\d+\s+\d+\s+0\.0\.0\.0:8443\s", line) for line in listening)
+    assert any(re.match(r"LISTEN\s+\d+\s+\d+\s+0\.0\.0\.0:2461\s", line) for line in listening)
     modes = {"live": 0o700, "live/nginx.conf": 0o600, "live/gateway.js": 0o600, "health_key": 0o600,
              "tls/key.pem": 0o600, "summary.json": 0o644}  # fmt: skip
     for path, mode in ((f"{ETC}/{name}", mode) for name, mode in modes.items()):
@@ -101,7 +101,7 @@ def test_gateway_service_files_and_modes(host):
         assert key not in conf
     summary = json.loads(host.check_output(f"cat {ETC}/summary.json"))
     assert summary["clients"]["limited"] == ["tiny-a", "tiny"]
-    assert set(summary["models"]) == set(SERVED) and summary["url"] == "https://127.0.0.1:8443/v1"
+    assert set(summary["models"]) == set(SERVED) and summary["url"] == "https://127.0.0.1:2461/v1"
     assert summary["routes"]["tiny"] == ["vs-rig/alpha", "vs-rig/beta", "remote:standin"]
     assert summary["config_id"] == config_id(host)
     assert summary["cert_pem"].strip() == host.file(CA).content_string.strip()
@@ -123,7 +123,7 @@ def test_gateway_service_files_and_modes(host):
 OPENAI = """
 import json, sys, openai
 key = open(sys.argv[1]).read().strip()
-c = openai.OpenAI(base_url="https://127.0.0.1:8443/v1", api_key=key)
+c = openai.OpenAI(base_url="https://127.0.0.1:2461/v1", api_key=key)
 hi = [{"role": "user", "content": "hi"}]
 out = {"models": [m.id for m in c.models.list()], "chat": {}, "stream": {}}
 for name in sys.argv[2:]:
@@ -154,9 +154,9 @@ def code(fn):
         return 200
     except openai.APIStatusError as e:
         return e.status_code
-wrong = openai.OpenAI(base_url="https://127.0.0.1:8443/v1", api_key="not-a-client-key-0123456789abcdef01234")
+wrong = openai.OpenAI(base_url="https://127.0.0.1:2461/v1", api_key="not-a-client-key-0123456789abcdef01234")
 out["wrong_key"] = code(lambda: wrong.models.list())
-c = openai.OpenAI(base_url="https://127.0.0.1:8443/v1", api_key=key)
+c = openai.OpenAI(base_url="https://127.0.0.1:2461/v1", api_key=key)
 out["models"] = [m.id for m in c.models.list()]
 out["not_allowed"] = code(lambda: c.chat.completions.create(model="tiny-b", messages=hi, max_tokens=2))
 out["unknown"] = code(lambda: c.chat.completions.create(model="gpt-4o", messages=hi, max_tokens=2))
@@ -217,13 +217,13 @@ key = open(sys.argv[1]).read().strip()
 hi = [{"role": "user", "content": "hi"}]
 out = {}
 # api_key: the SDK's default, sent as x-api-key; auth_token: sent as Authorization: Bearer
-for how, client in (("api_key", anthropic.Anthropic(base_url="https://127.0.0.1:8443", api_key=key)),
-                    ("auth_token", anthropic.Anthropic(base_url="https://127.0.0.1:8443", auth_token=key,
+for how, client in (("api_key", anthropic.Anthropic(base_url="https://127.0.0.1:2461", api_key=key)),
+                    ("auth_token", anthropic.Anthropic(base_url="https://127.0.0.1:2461", auth_token=key,
                                                        api_key=None))):
     r = client.messages.create(model="tiny", max_tokens=4, messages=hi)
     out[how] = {"model": r.model, "type": r.type, "blocks": [b.type for b in r.content]}
 try:
-    anthropic.Anthropic(base_url="https://127.0.0.1:8443", api_key="not-" + key).messages.create(
+    anthropic.Anthropic(base_url="https://127.0.0.1:2461", api_key="not-" + key).messages.create(
         model="tiny", max_tokens=4, messages=hi)
 except anthropic.AuthenticationError as e:
     out["wrong_key"] = {"status": e.status_code, "body": e.body}
@@ -268,12 +268,12 @@ def test_client_settings_work_as_written(host):
     registry = json.loads(host.check_output(f"cat {CLIENTS_DIR}/providers.json"))
     assert out["finish"] in ("length", "stop") and out["model"] == SERVED[registry["active"]]
     settings = json.loads(host.check_output(f"cat {CLIENTS_DIR}/claude-code/settings.json"))
-    assert settings["env"]["ANTHROPIC_BASE_URL"] == "https://127.0.0.1:8443"
+    assert settings["env"]["ANTHROPIC_BASE_URL"] == "https://127.0.0.1:2461"
     assert settings["apiKeyHelper"] == f"cat {CLIENTS_DIR}/key"
     read = "import tomllib, json, sys; print(json.dumps(tomllib.load(open(sys.argv[1], 'rb'))))"
     codex = host.check_output(f'{PYTHON} -c "{read}" {CLIENTS_DIR}/codex/config.toml')
     provider = json.loads(codex)["model_providers"]["rigops"]
-    assert provider["base_url"] == "https://127.0.0.1:8443/v1" and provider["env_key"] == "RIGOPS_LLM_API_KEY"
+    assert provider["base_url"] == "https://127.0.0.1:2461/v1" and provider["env_key"] == "RIGOPS_LLM_API_KEY"
 
 
 # --------------------------------------------------------------------------- changes to the host, last
