@@ -2,11 +2,12 @@
 """The conformance suite: what coding tools and SDKs need from each model, asked through the gateway by
 the real clients, configured only from the files roles/llm_clients wrote.
 
-    ./rigops conformance [--clients DIR] [--model NAME ...] [--metrics NAME=URL ...] [--no-cli]
-                         [--report-dir DIR] [--json]
+    ./rigops conformance [--clients DIR] [-i INVENTORY] [-l HOSTS] [--model NAME ...] [--metrics NAME=URL ...]
+                         [--no-cli] [--report-dir DIR] [--json]
 
 DIR is the folder playbooks/clients.yml wrote for one client of the gateway (default: the only folder
-under ~/.config/rigops-llm). Models: every name of that client (providers.json), or those named.
+under ~/.config/rigops-llm). Models: every name of that client (providers.json), or those named, or those
+the instances of HOSTS serve (-l, read from the inventory as Ansible renders it: ansible.cfg's, or -i).
 For each model, each case is run by a real client: the official OpenAI SDK (chat, streams with usage,
 completions, tools with tool_choice required/named/auto, JSON schema, the Responses API, refusals),
 the official Anthropic SDK (Messages: plain, streamed with its event order, tool_use, count_tokens,
@@ -952,6 +953,30 @@ def report(results: list[Result], settings: Settings, models: list[str]) -> dict
     }
 
 
+def served_by(limit: str, inventories: list[str]) -> list[str]:
+    """The names the instances of the hosts in ``limit`` serve (served_name, else the model id), as Ansible renders
+    the inventory (its variables may be templates): ansible's debug module, its JSON callback, no connection."""
+    msg = "{{ vllm_instances | default([]) | map(attribute='model') | list }}"
+    cmd = [str(Path(sys.executable).parent / "ansible"), limit, "-m", "ansible.builtin.debug", "-a", f"msg={msg}"]
+    for inventory in inventories:
+        cmd += ["-i", inventory]
+    env = dict(os.environ, ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json")
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, check=False)
+    try:
+        hosts = json.loads(proc.stdout)["plays"][0]["tasks"][0]["hosts"]
+    except (ValueError, KeyError, IndexError) as e:
+        raise SystemExit(
+            f"conformance: -l {limit}: no host of the inventory matched ({proc.stderr.strip()[-300:]})"
+        ) from e
+    names = []
+    for result in hosts.values():
+        for model in result.get("msg") or []:
+            name = model.get("served_name") or model.get("id")
+            if name and name not in names:
+                names.append(name)
+    return names
+
+
 def regressions(before: dict, after: dict) -> list[str]:
     """What a change broke, from two reports of the same cases: a case that passed and no longer passes, or one
     that now fails and did not. A case that was already unsupported or failing stays as it was: not the
@@ -1018,6 +1043,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="rigops conformance", description=__doc__.split("\n\n", maxsplit=1)[0])
     parser.add_argument("--clients", type=Path, help="the folder playbooks/clients.yml wrote for one client")
     parser.add_argument("--model", action="append", default=[], help="a name to test (repeatable; default: all)")
+    parser.add_argument("-l", "--limit", help="the names the instances of these hosts serve (Ansible's pattern)")
+    parser.add_argument("-i", "--inventory", action="append", default=[], help="with -l (default: ansible.cfg's)")
     parser.add_argument("--case", action="append", default=[], choices=sorted(CASES), help="a case (repeatable)")
     parser.add_argument("--metrics", action="append", default=[], metavar="NAME=URL",
                         help="the engine's /metrics behind NAME, for disconnect_frees_slot")  # fmt: skip
@@ -1041,7 +1068,13 @@ def main(argv=None) -> int:
         settings = Settings.read(args.clients.expanduser() if args.clients else default_folder())
         metrics = {}
     names = list(settings.providers.get("providers", {}))
-    models = args.model or names
+    models = list(args.model)
+    if args.limit:
+        served = served_by(args.limit, args.inventory)
+        models += [m for m in served if m not in models]
+        if not served:
+            parser.error(f"-l {args.limit}: its hosts serve no model (vllm_instances)")
+    models = models or names
     unknown = [m for m in models if m not in names]
     if unknown or not models:
         parser.error(f"--model {', '.join(unknown) or '(none)'}: client {settings.providers.get('client')} may use "

@@ -206,3 +206,12 @@ def test_the_command_refuses_a_half_given_instance(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         conformance.main(["--endpoint", "http://127.0.0.1:8000", "--model", "tiny"])
     assert e.value.code == 2 and "--endpoint takes --key-file and one --model" in capsys.readouterr().err
+
+
+def test_hosts_name_the_models_their_instances_serve_as_ansible_renders_them():
+    """-l: the sandbox inventory's templated instance lists, rendered by Ansible (no connection to any host)."""
+    assert conformance.served_by("gpu-rigs", []) == ["qwen3.5-9b", "qwen3.5-9b-instruct"]
+    example = [str(ROOT / "inventories" / "example")]
+    assert conformance.served_by("h100-01", example) == ["qwen2.5-72b-instruct", "qwen2.5-coder-32b-instruct"]
+    with pytest.raises(SystemExit, match="-l no-such-host: no host of the inventory matched"):
+        conformance.served_by("no-such-host", [])
