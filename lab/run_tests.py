@@ -52,15 +52,15 @@ STAGES = ["lint", "unit", "image", "molecule", "integration"]
 # lab/sandbox/fleet.py builds it), and the unit tests, which need no host. model_weights
 # counts the hub stand-in's requests: it runs first in its lane, while the other lane's
 # first scenarios download no model (fleet_cache counts its own hosts' requests by address).
-# site and the unit tests sit where they balance the lanes (site needs its own hosts only;
-# the unit tests none): the unit test files of UNIT_OTHER_LANE are a step of their own ("unit-b"),
-# the rest is "unit". Scenarios not listed run at the end of the shorter lane.
+# site, sandbox and the unit tests sit where they balance the lanes (site and sandbox need their
+# own hosts only; the unit tests none): the unit test files of UNIT_OTHER_LANE are a step of their
+# own ("unit-b"), the rest is "unit". Scenarios not listed run at the end of the shorter lane.
 LANES = [
-    ["sandbox", "driver_topology", "vllm_runtime", "jetson", "site", "unit-b"],
-    ["model_weights", "fleet_cache", "vllm_service", "unit", "integration"],
+    ["driver_topology", "vllm_runtime", "jetson", "site"],
+    ["model_weights", "fleet_cache", "vllm_service", "unit", "unit-b", "integration", "sandbox"],
 ]
-# The unit tests that run the main job's plays on the example inventory sit in lane 1, which
-# otherwise ends well before lane 2 (reports/test-timings.json): the CPU is busy only while both run.
+# The unit tests that run the main job's plays on the example inventory: a step of their own, which
+# can go to whichever lane ends first (reports/test-timings.json): the CPU is busy only while both run.
 UNIT_OTHER_LANE = ["tests/unit/test_main_job.py"]
 # The collection's checks need no host: steps of the lint stage, left out of the unit steps. The artifact built,
 # installed into an empty folder and run from outside the checkout; ansible-test sanity on it (slower on a new
