@@ -960,7 +960,9 @@ def served_by(limit: str, inventories: list[str]) -> list[str]:
     cmd = [str(Path(sys.executable).parent / "ansible"), limit, "-m", "ansible.builtin.debug", "-a", f"msg={msg}"]
     for inventory in inventories:
         cmd += ["-i", inventory]
+    # Ansible's own strategy: under mitogen's (RIGOPS_MITOGEN) some hosts went missing from the answer
     env = dict(os.environ, ANSIBLE_LOAD_CALLBACK_PLUGINS="1", ANSIBLE_STDOUT_CALLBACK="ansible.builtin.json")
+    env["ANSIBLE_STRATEGY"] = "linear"
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT, check=False)
     try:
         hosts = json.loads(proc.stdout)["plays"][0]["tasks"][0]["hosts"]
@@ -968,6 +970,9 @@ def served_by(limit: str, inventories: list[str]) -> list[str]:
         raise SystemExit(
             f"conformance: -l {limit}: no host of the inventory matched ({proc.stderr.strip()[-300:]})"
         ) from e
+    broken = {host: str(result.get("msg"))[:200] for host, result in hosts.items() if result.get("failed")}
+    if broken:
+        raise SystemExit(f"conformance: -l {limit}: the instances of {', '.join(broken)} could not be read: {broken}")
     names = []
     for result in hosts.values():
         for model in result.get("msg") or []:
