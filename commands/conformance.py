@@ -954,9 +954,13 @@ def report(results: list[Result], settings: Settings, models: list[str]) -> dict
 
 
 def served_by(limit: str, inventories: list[str]) -> list[str]:
-    """The names the instances of the hosts in ``limit`` serve (served_name, else the model id), as Ansible renders
-    the inventory (its variables may be templates): ansible's debug module, its JSON callback, no connection."""
-    msg = "{{ vllm_instances | default([]) | map(attribute='model') | list }}"
+    """The names the instances of the hosts in ``limit`` serve (served_name, else the instance's name), as Ansible
+    renders the inventory (its variables may be templates): ansible's debug module, its JSON callback, no connection."""
+    # each instance's name and served_name (its default is the name: docs/instances.md), nothing else of it
+    msg = (
+        "{{ vllm_instances | default([]) | map(attribute='name') | zip(vllm_instances | default([])"
+        " | map(attribute='model') | map(attribute='served_name', default='')) | list }}"
+    )
     cmd = [str(Path(sys.executable).parent / "ansible"), limit, "-m", "ansible.builtin.debug", "-a", f"msg={msg}"]
     for inventory in inventories:
         cmd += ["-i", inventory]
@@ -975,9 +979,9 @@ def served_by(limit: str, inventories: list[str]) -> list[str]:
         raise SystemExit(f"conformance: -l {limit}: the instances of {', '.join(broken)} could not be read: {broken}")
     names = []
     for result in hosts.values():
-        for model in result.get("msg") or []:
-            name = model.get("served_name") or model.get("id")
-            if name and name not in names:
+        for instance, served in result.get("msg") or []:
+            name = served or instance
+            if name not in names:
                 names.append(name)
     return names
 
@@ -1089,7 +1093,8 @@ def main(argv=None) -> int:
         if not sep or not url.startswith(("http://", "https://")):
             parser.error(f"--metrics {item!r}: give NAME=URL, e.g. chat=http://rig-01:8000/metrics")
         metrics[name] = url
-    clis = {} if args.no_cli else install_clis(lambda m: print(m, file=sys.stderr))
+    # an instance reached directly is asked on its host (the rollout's gate): the CLIs are never installed on a rig
+    clis = {} if args.no_cli or args.endpoint else install_clis(lambda m: print(m, file=sys.stderr))
     ctx = make_context(settings, metrics, clis)
 
     def progress(r):

@@ -215,3 +215,29 @@ def test_hosts_name_the_models_their_instances_serve_as_ansible_renders_them():
     assert conformance.served_by("h100-01", example) == ["qwen2.5-72b-instruct", "qwen2.5-coder-32b-instruct"]
     with pytest.raises(SystemExit, match="-l no-such-host: no host of the inventory matched"):
         conformance.served_by("no-such-host", [])
+
+
+def test_an_instance_without_a_served_name_serves_its_own_name(tmp_path):
+    """served_name defaults to the instance's name (docs/instances.md), not the model's id; nothing but the
+    names comes back (an instance's security.api_key may be in the inventory)."""
+    inventory = tmp_path / "hosts.yml"
+    instances = [
+        {"name": "chat", "port": 8000, "model": {"source": "huggingface", "id": "Org/Model-7B"},
+         "security": {"api_key": KEY}},
+        {"name": "code", "port": 8001, "model": {"source": "huggingface", "id": "Org/Coder", "served_name": "coder"}},
+    ]  # fmt: skip
+    inventory.write_text(json.dumps({"all": {"hosts": {"r1": {"vllm_instances": instances}}}}))
+    assert conformance.served_by("r1", [str(inventory)]) == ["chat", "coder"]
+
+
+def test_an_instance_reached_directly_never_installs_the_clis(tmp_path, monkeypatch):
+    key_file = tmp_path / "api_key"
+    key_file.write_text(KEY + "\n")
+    for name in ("OPENAI_BASE_URL", "OPENAI_API_KEY"):  # (the command sets them for the SDK: undone after)
+        monkeypatch.setenv(name, "")
+    monkeypatch.setattr(conformance, "install_clis", lambda *a: pytest.fail("the CLIs installed on a host"))
+    seen = {}
+    monkeypatch.setattr(conformance, "run_suite", lambda ctx, models, cases, progress: seen.update(clis=ctx.clis) or [])
+    rc = conformance.main(["--endpoint", "http://127.0.0.1:9", "--key-file", str(key_file), "--model", "tiny",
+                           "--report-dir", "none", "--json"])  # fmt: skip
+    assert rc == 0 and seen == {"clis": {}}
