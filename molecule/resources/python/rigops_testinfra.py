@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -135,7 +136,14 @@ def playbook_command(playbook, *args: str, strategy: str = "") -> tuple[list[str
 def ansible_playbook(playbook, *args: str, strategy: str = "") -> tuple[int, str]:
     """Run a playbook (see playbook_command); the exit code and the output (stdout and stderr together)."""
     cmd, env = playbook_command(playbook, *args, strategy=strategy)
+    start = time.monotonic()
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False, env=env)
+    # RIGOPS_PLAYBOOK_LOG: every run a test makes, appended whole (with ANSIBLE_CALLBACKS_ENABLED=
+    # ansible.posix.profile_tasks, where a scenario's verify spends its time)
+    if os.environ.get("RIGOPS_PLAYBOOK_LOG"):
+        with open(os.environ["RIGOPS_PLAYBOOK_LOG"], "a", encoding="utf-8") as log:
+            log.write(f"===== {shlex.join(cmd)}: rc {proc.returncode} in {time.monotonic() - start:.1f}s\n")
+            log.write(proc.stdout + proc.stderr)
     return proc.returncode, proc.stdout + proc.stderr
 
 
