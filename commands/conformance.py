@@ -642,9 +642,13 @@ def c_messages_stop_sequences(ctx, model):
 def c_messages_tool_use(ctx, model):
     import anthropic
 
+    # One call asked for: vLLM (0.32) lets a Messages tool call run on into more <tool_call> blocks, whose
+    # arguments no grammar bounds, and a small model can spend max_tokens inside one (then no block parses).
+    # Its chat and Responses endpoints bound every call's arguments.
     try:
         r = ctx.anthropic.messages.create(
-            model=model, max_tokens=256, tools=[ANTHROPIC_WEATHER], tool_choice={"type": "any"},
+            model=model, max_tokens=256, tools=[ANTHROPIC_WEATHER],
+            tool_choice={"type": "any", "disable_parallel_tool_use": True},
             messages=[{"role": "user", "content": "Weather in Paris?"}],
         )  # fmt: skip
     except anthropic.BadRequestError as e:
