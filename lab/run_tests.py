@@ -104,18 +104,35 @@ class Step:
     env: dict[str, str] = field(default_factory=dict)  # added to the run's environment
     cleanup: bool = False  # runs even after a failure
     seconds: float = 0.0
+    cpu: float | None = None  # the machine's CPU busy (all cores) while it ran, 0..1
     ok: bool | None = None  # None: not run
     why: list[str] = field(default_factory=list)
 
 
+def cpu_ticks() -> tuple[int, int]:
+    """(busy, total) clock ticks of every core since boot (/proc/stat): the machine's, not one process's."""
+    with open("/proc/stat", encoding="ascii") as stat:
+        ticks = [int(x) for x in stat.readline().split()[1:]]
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)  # idle + iowait
+    return sum(ticks) - idle, sum(ticks)
+
+
+def busy_since(mark: tuple[int, int]) -> float | None:
+    """The share of the machine's CPU busy since ``mark`` (cpu_ticks): where it stays low, waits dominate and
+    another lane would fit; near 1, only less work makes the suite faster."""
+    busy, total = cpu_ticks()
+    return (busy - mark[0]) / (total - mark[1]) if total > mark[1] else None
+
+
 def run_step(step: Step, env: dict[str, str]) -> None:
     """Run one step; print its output whole when it ends (lanes run at once); keep why it failed."""
-    start = time.monotonic()
+    start, ticks = time.monotonic(), cpu_ticks()
     proc = subprocess.run(
         step.cmd, check=False, cwd=ROOT, env={**env, **step.env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         text=True, errors="replace",
     )  # fmt: skip
     step.seconds = time.monotonic() - start
+    step.cpu = busy_since(ticks)
     step.ok = proc.returncode == 0
     lines = proc.stdout.splitlines()
     if not step.ok:
@@ -283,13 +300,14 @@ def scenario_seconds(steps: list[Step]) -> dict[str, float]:
     return dict(per_scenario)
 
 
-def write_timings(steps, lanes, total: float, budget: float, warm: bool, only: list[str]) -> None:
+def write_timings(steps, lanes, total: float, cpu: float | None, budget: float, warm: bool, only: list[str]) -> None:
     TIMINGS_FILE.parent.mkdir(parents=True, exist_ok=True)
     data = {
         "finished": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "stages": only,
         "caches": "warm" if warm else "fresh",
         "total_seconds": round(total, 1),
+        "cpu_busy": round(cpu, 2) if cpu is not None else None,
         "budget_seconds": budget,
         "within_budget": total <= budget,
         "steps": [
@@ -298,6 +316,7 @@ def write_timings(steps, lanes, total: float, budget: float, warm: bool, only: l
                 "name": s.name,
                 "lane": s.lane + 1 if s.lane is not None else None,
                 "seconds": round(s.seconds, 1),
+                "cpu_busy": round(s.cpu, 2) if s.cpu is not None else None,
                 "status": "skipped" if s.ok is None else ("ok" if s.ok else "failed"),
             }
             for s in steps
@@ -328,7 +347,7 @@ def main() -> int:
     warm = caches_warm()
     budget = BUDGET_WARM_S if warm else BUDGET_FRESH_S
     run = Run(env, args.keep_going)
-    total = time.monotonic()
+    total, ticks = time.monotonic(), cpu_ticks()
 
     lanes = lane_steps(only, args.scenario, args.lanes)
     chosen = list(dict.fromkeys(s.name.split()[0] for lane in lanes for s in lane if s.stage == "molecule"))
@@ -347,27 +366,29 @@ def main() -> int:
         thread.start()
     for thread in threads:
         thread.join()
-    elapsed = time.monotonic() - total
+    elapsed, cpu = time.monotonic() - total, busy_since(ticks)
     steps = lint + image + [s for lane in lanes for s in lane]
 
     for step in steps:
         if step.ok is False:
             print(f"\n===== why '{step.name}' failed (lines picked from its output above)")
             print("\n".join(step.why))
-    print("\n===== timings")
+    print("\n===== timings (cpu: the machine's CPU busy while the step ran, all cores)")
     for step in steps:
         status = "skipped" if step.ok is None else ("ok" if step.ok else "FAILED")
         lane = f"lane {step.lane + 1}" if step.lane is not None else ""
-        print(f"  {step.stage:<12} {step.name:<32} {step.seconds:7.1f}s  {status:<8} {lane}")
+        cpu_text = f"cpu {step.cpu:4.0%}" if step.cpu is not None else ""
+        print(f"  {step.stage:<12} {step.name:<32} {step.seconds:7.1f}s  {status:<8} {lane:<7} {cpu_text}")
     for name, secs in scenario_seconds(steps).items():
         print(f"  {'scenario':<12} {name:<32} {secs:7.1f}s")
     for number, secs in enumerate(lane_seconds):
         print(f"  {'lane':<12} {number + 1:<32} {secs:7.1f}s")
-    write_timings(steps, lane_seconds, elapsed, budget, warm, only)
+    write_timings(steps, lane_seconds, elapsed, cpu, budget, warm, only)
     verdict = "within" if elapsed <= budget else "OVER"
     print(
         f"  {'total':<12} {'':<32} {elapsed:7.1f}s  = {elapsed / 60:.1f} min, {verdict} the budget of "
         f"{budget // 60} min ({'warm caches' if warm else 'fresh machine: images, wheelhouse or model built'})"
+        + (f", cpu {cpu:.0%} busy" if cpu is not None else "")
     )
     print(f"timings: {TIMINGS_FILE.relative_to(ROOT)}")
     passed = sum(1 for s in steps if s.ok is True)
