@@ -225,7 +225,14 @@ def lint_steps(only: list[str]) -> list[Step]:
 
 def unit_step(item: str, whole: bool) -> Step:
     """pytest of the unit tests: all of them (whole), the files of UNIT_OTHER_LANE ("unit-b") or the rest."""
-    cmd = [sys.executable, "-m", "pytest", "-q", *(f"--ignore={test}" for test in COLLECTION_STEPS.values())]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "--durations=10",
+        *(f"--ignore={test}" for test in COLLECTION_STEPS.values()),
+    ]
     env = dict(FAST_STRATEGY_ENV)
     if whole:
         return Step("unit", "pytest tests/unit", [*cmd, "tests/unit"], env=env)
@@ -257,7 +264,11 @@ def lane_steps(only: list[str], chosen: list[str], lanes: int) -> list[list[Step
             elif item == "integration":
                 if "integration" in only and (ROOT / "tests" / "integration").is_dir():
                     steps.append(
-                        Step("integration", "pytest tests/integration", [py, "-m", "pytest", "-q", "tests/integration"])
+                        Step(
+                            "integration",
+                            "pytest tests/integration",
+                            [py, "-m", "pytest", "-q", "--durations=10", "tests/integration"],
+                        )
                     )
             elif "molecule" in only:
                 # One command per phase, so each phase's time shows; destroy runs at the end
