@@ -73,7 +73,7 @@ def client_settings(summary, client, options):
     ]
     if bundle:
         env += [
-            "# the gateway's self-signed certificate, with the system's CAs (Python, OpenSSL, requests):",
+            "# the gateway's own CA, with the system's CAs (Python, OpenSSL, requests):",
             f"export SSL_CERT_FILE={_sh(bundle)}",
             f"export REQUESTS_CA_BUNDLE={_sh(bundle)}",
         ]

@@ -28,7 +28,7 @@ exposed as filters:
 - ``table | rigops.fleet.gateway_gate_plan(down)``: which names the gate sends a chat to, and which it
   skips because every upstream of the name is unreachable from the gateway;
 - ``table | rigops.fleet.gateway_summary(url, ...)``: what the report and the client settings need;
-- ``names | rigops.fleet.gateway_san``: the subjectAltName of the self-signed certificate;
+- ``names | rigops.fleet.gateway_san``: the subjectAltName of the certificate the gateway's own CA signs;
 
 ``spec`` is ``{backends, excluded_backends, remotes, aliases, clients, settings, health_hash,
 keys_present, gateway_port}``. A name served only by rigs left out of the run (excluded, or

@@ -33,7 +33,7 @@ options:
     type: str
     default: ""
   ca_file:
-    description: CA bundle the gateway's certificate is checked against (its own certificate when self-signed).
+    description: CA bundle the gateway's certificate is checked against (the gateway's own CA, C(tls/ca.pem), when the role made it).
     type: path
   validate_certs:
     description: Check the certificate at all.
@@ -78,7 +78,7 @@ EXAMPLES = r"""
 - name: Gate on every routed model through the gateway
   rigops.fleet.llm_gateway_gate:
     port: 8443
-    ca_file: /etc/rigops-llm-gateway/tls/cert.pem
+    ca_file: /etc/rigops-llm-gateway/tls/ca.pem
     key_file: /etc/rigops-llm-gateway/health_key
     config_id: 3f0c5e2a9b1d4c7e
     names:
