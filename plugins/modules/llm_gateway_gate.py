@@ -33,7 +33,9 @@ options:
     type: str
     default: ""
   ca_file:
-    description: CA bundle the gateway's certificate is checked against (the gateway's own CA, C(tls/ca.pem), when the role made it).
+    description:
+      - CA bundle the gateway's certificate is checked against (the gateway's own CA, C(tls/ca.pem), when the role
+        made it).
     type: path
   validate_certs:
     description: Check the certificate at all.

@@ -83,6 +83,19 @@ def test_the_runtime_stage_takes_every_filter_file_its_role_applies():
     assert missing == [], f"add to the runtime stage's inputs: {missing}"
 
 
+def test_the_runtime_stage_takes_every_module_its_role_calls():
+    """The runtime stage's inputs list modules one by one too: each module of the collection that the role
+    vllm_runtime (or the stage's playbook) calls must be listed, or a change to it would leave a stale stage."""
+    recipe = fleet.stage_recipe("runtime")
+    modules = {p.stem for p in (ROOT / "plugins" / "modules").glob("*.py")}
+    texts = [p.read_text() for p in (ROOT / "roles" / "vllm_runtime").rglob("*") if p.is_file()]
+    texts.append((fleet.STAGES_DIR / recipe["playbook"]).read_text())
+    called = {m for text in texts for m in re.findall(r"rigops\.fleet\.([a-z_]+):", text) if m in modules}
+    assert {"vllm_runtime_check", "vllm_runtime_seed"} <= called, "the pattern above went wrong"
+    missing = sorted(m for m in called if f"plugins/modules/{m}.py" not in recipe["inputs"])
+    assert missing == [], f"add to the runtime stage's inputs: {missing}"
+
+
 # --------------------------------------------------------------------------- the demo fleet's gateway
 
 
