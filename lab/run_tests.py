@@ -56,8 +56,8 @@ STAGES = ["lint", "unit", "image", "molecule", "integration"]
 # own hosts only; the unit tests none): the unit test files of UNIT_OTHER_LANE are a step of their
 # own ("unit-b"), the rest is "unit". Scenarios not listed run at the end of the shorter lane.
 LANES = [
-    ["driver_topology", "vllm_runtime", "jetson", "site"],
-    ["model_weights", "fleet_cache", "vllm_service", "unit", "unit-b", "integration", "sandbox"],
+    ["driver_topology", "vllm_runtime", "jetson", "site", "sandbox"],
+    ["model_weights", "fleet_cache", "vllm_service", "unit", "unit-b", "integration"],
 ]
 # The unit tests that run the main job's plays on the example inventory: a step of their own, which
 # can go to whichever lane ends first (reports/test-timings.json): the CPU is busy only while both run.

@@ -1,4 +1,5 @@
-"""Acceptance of the main job on a bare sandbox rig: the endpoint as a client sees it, and the run's report."""
+"""Acceptance of the main job on a sandbox rig (from the runtime stage: molecule.yml): the endpoint as a client
+sees it, and the run's report."""
 
 import json
 import os
