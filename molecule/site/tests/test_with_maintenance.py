@@ -118,7 +118,9 @@ def test_a_maintenance_under_load_drops_no_request_and_undrains(host, standin, t
         ]
     )
     try:
-        # the bench of the tiny model, short; the rig shares two cores with its clients: a loose tolerance
+        # the bench of the tiny model, short. The rig shares two cores with its clients and with the other lane's
+        # scenario: a CI run read 131 output tok/s before and 41 after an unchanged rig (-68.5 %). The gate's
+        # arithmetic is unit-tested (tests/unit/test_maintain.py); here it must only catch a rig that barely serves.
         rc, out, report = maintain(
             tmp_path,
             change,
@@ -129,7 +131,7 @@ def test_a_maintenance_under_load_drops_no_request_and_undrains(host, standin, t
                     "bench_output_len": 16,
                     "bench_num_warmups": 0,
                     "maintain_bench_prompts": 8,
-                    "maintain_bench_tolerance": 0.6,
+                    "maintain_bench_tolerance": 0.9,
                 }
             ),  # fmt: skip
         )
