@@ -36,11 +36,19 @@ failed in an earlier stage) stays known and answers 503 until they are back.
 
 Names clients ask for:
 
-- every served name of a rig instance (several instances serving one name are tried in
-  inventory order: failover, not load balancing);
+- every served name of a rig instance: several instances serving one name form a pool, spread by the
+  name's policy (``POLICIES``; ``settings.policies``, else ``settings.default_policy``);
 - every model of a remote (``llm_gateway_remotes[].models``) that no rig serves;
 - every alias (``llm_gateway_aliases``): an ordered fallback list of those names and of
-  ``remote:<model>`` (that remote model, even when a rig serves the same name).
+  ``remote:<model>`` (that remote model, even when a rig serves the same name); a name of the list
+  served by several instances is their pool, spread by the alias's policy.
+
+A pool is an nginx upstream group of its replicas, balanced by nginx itself (``hash ... consistent``,
+``least_conn``, round robin). Each replica's key goes in on the way out of the pool: the group's servers are
+the gateway's own unix sockets, one per replica, each a server of nginx.conf that sets the replica's key and
+passes the request on (nginx builds a request's headers before it picks the server, so a group cannot
+give each server a key of its own). A pool hop keeps, behind it, its replicas as plain hops in inventory
+order: the route of the requests the health feed finds a replica of the pool drained for.
 """
 
 from __future__ import annotations
@@ -69,6 +77,12 @@ KEY_MAX = 512
 CLIENT_KEYS = ("name", "key", "models", "rate", "burst")
 REMOTE_KEYS = ("name", "base_url", "key", "models", "allow_http", "ca_file")
 REMOTE_PREFIX = "remote:"
+# How a pool (several instances serving one name) spreads requests, and the nginx directive that does it:
+# session: the same conversation on the same replica (vLLM's prefix cache stays warm), by consistent hashing
+# of $llm_session (gateway.js: the client's x-session-id, else the system prompt and first user message);
+# least_busy: the replica with the fewest requests in flight; round_robin: in turn; failover: the first
+# replica in inventory order, the next only when it fails (no pool).
+POLICIES = {"session": "hash $llm_session consistent", "least_busy": "least_conn", "round_robin": "", "failover": None}
 WILDCARDS = ("0.0.0.0", "::")
 
 
@@ -575,6 +589,26 @@ def problems(spec):
                 out.append(f"{where}: {problem}")
     known = set(direct) | {n for n in aliases if isinstance(n, str)}
     out += _client_problems(clients, known, bool(spec.get("health_hash")))
+    out += _policy_problems(spec.get("settings") or {}, known)
+    return out
+
+
+def _policy_problems(settings, known):
+    allowed = ", ".join(POLICIES)
+    out = []
+    default = settings.get("default_policy", "session")
+    if default not in POLICIES:
+        out.append(f"llm_gateway_default_policy {default!r} is not a policy; allowed: {allowed}")
+    policies = settings.get("policies") or {}
+    if not isinstance(policies, dict):
+        return out + [f"llm_gateway_policies is not a mapping; write {{name: policy}} with a policy of {allowed}"]
+    for name, policy in policies.items():
+        if name not in known:
+            out.append(
+                f"llm_gateway_policies[{name!r}]: no model or alias of that name; known: {', '.join(sorted(known))}"
+            )
+        if policy not in POLICIES:
+            out.append(f"llm_gateway_policies[{name!r}]: {policy!r} is not a policy; allowed: {allowed}")
     return out
 
 
@@ -616,6 +650,7 @@ def table(spec):
                         "ca_file": "",
                         "single": False,
                         "benchable": False,
+                        "pooled": False,
                     }
                 )
             else:
@@ -636,50 +671,132 @@ def table(spec):
                         "ca_file": remote.get("ca_file") or "",
                         "single": False,
                         "benchable": False,
+                        "pooled": False,
                     }
                 )
         return next(u for u in upstreams if u["id"] == upstream_ids[key])
 
-    routes = []
+    routes, pools, pool_ids = [], [], {}
     parked = _parked(spec, served, remote_models)
+    default_policy = settings.get("default_policy", "session")
+    policies = settings.get("policies") or {}
 
-    def add_route(name, kind, targets):
+    def pool(policy, refs):
+        key = (policy, tuple(refs))
+        if key not in pool_ids:
+            members = [upstream("local", ref) for ref in refs]
+            for member in members:
+                # the replica's socket passes requests on to its group of one (uN)
+                member["pooled"] = member["single"] = True
+            pool_ids[key] = f"p{len(pools)}"
+            pools.append(
+                {
+                    "id": pool_ids[key],
+                    "policy": policy,
+                    "balancer": POLICIES[policy],
+                    "members": [m["id"] for m in members],
+                    "refs": list(refs),
+                    "label": f"{policy}:" + "+".join(refs),
+                }
+            )
+        return next(p for p in pools if p["id"] == pool_ids[key])
+
+    def add_route(name, kind, groups):
+        """``groups``: the targets of each entry in order, [[(kind, ref, model)]]; an entry of several
+        instances is a pool unless the route's policy is failover."""
         rid = f"r{len(routes)}"
+        policy = policies.get(name, default_policy)
+        steps = []
+        for group in groups:
+            if len(group) > 1 and policy != "failover":
+                steps.append(group)
+            else:
+                steps += [[target] for target in group]
         hops = []
-        for pos, (tkind, ref, model) in enumerate(targets):
+
+        def hop(target, last, nxt, solo_of=None):
+            tkind, ref, model = target
             up = upstream(tkind, ref)
-            last = pos == len(targets) - 1
             up["single" if last else "benchable"] = True
             hops.append(
                 {
-                    "id": f"{rid}_{pos}",
-                    "pos": pos,
+                    "id": f"{rid}_{len(hops)}",
+                    "pos": len(hops),
                     "upstream": up["id"] + ("" if last else "b"),
                     "upstream_ref": up["ref"],
+                    "refs": [up["ref"]],
                     "kind": up["kind"],
+                    "pool": None,
+                    "members": [],
+                    "solo": None,
+                    "solo_of": solo_of,
                     "base_path": up["base_path"],
                     "model": model,
                     "rewrite": model != name,
                     "label": up["label"],
                     "last": last,
-                    "next": None if last else f"{rid}_{pos + 1}",
+                    "next": nxt,
                 }
             )
-        routes.append({"id": rid, "name": name, "kind": kind, "hops": hops})
+            return hops[-1]
+
+        # the chain clients' requests go down: one hop per step, ids in order (the next hop's id is known)
+        chain = []
+        for index, step in enumerate(steps):
+            last = index == len(steps) - 1
+            nxt = None if last else f"{rid}_{index + 1}"
+            if len(step) == 1:
+                chain.append(hop(step[0], last, nxt))
+                continue
+            p = pool(policy, [ref for _kind, ref, _model in step])
+            model = step[0][2]
+            hops.append(
+                {
+                    "id": f"{rid}_{len(hops)}",
+                    "pos": len(hops),
+                    "upstream": p["id"],
+                    "upstream_ref": None,
+                    "refs": list(p["refs"]),
+                    "kind": "pool",
+                    "pool": p["id"],
+                    "members": list(p["refs"]),
+                    "solo": None,
+                    "solo_of": None,
+                    "base_path": "",
+                    "model": model,
+                    "rewrite": model != name,
+                    "label": p["label"],
+                    "last": last,
+                    "next": nxt,
+                }
+            )
+            chain.append(hops[-1])
+        # behind each pool, its replicas one by one, then on to what follows the pool
+        for step_hop, step in zip(chain, steps, strict=True):
+            if step_hop["kind"] != "pool":
+                continue
+            first = len(hops)
+            for index, target in enumerate(step):
+                last_solo = index == len(step) - 1
+                nxt = step_hop["next"] if last_solo else f"{rid}_{first + index + 1}"
+                hop(target, step_hop["last"] and last_solo, nxt, solo_of=step_hop["id"])
+            step_hop["solo"] = f"{rid}_{first}"
+        routes.append({"id": rid, "name": name, "kind": kind, "policy": policy, "hops": hops})
 
     for name in direct:
         if name in served:
-            add_route(name, "model", [("local", ref, name) for ref in served[name]])
+            add_route(name, "model", [[("local", ref, name) for ref in served[name]]])
         else:
-            add_route(name, "remote", [("remote", remote_models[name][0], name)])
+            add_route(name, "remote", [[("remote", remote_models[name][0], name)]])
     for name, refs in aliases.items():
-        targets = []
+        groups, seen = [], []
         for ref in refs:
             resolved, _problem = _resolve(ref, served, remote_models, aliases, parked)
-            for target in resolved or []:
-                if target not in targets:
-                    targets.append(target)
-        add_route(name, "alias", targets)
+            group = [target for target in resolved or [] if target not in seen]
+            seen += group
+            if group:
+                groups.append(group)
+        add_route(name, "alias", groups)
     for name in parked:
         add_route(name, "unavailable", [])
 
@@ -713,6 +830,7 @@ def table(spec):
     positions = sorted({h["pos"] for r in routes for h in r["hops"] if h["rewrite"]})
     return {
         "upstreams": upstreams,
+        "pools": pools,
         "routes": routes,
         "names": names,
         "clients": clients,
@@ -733,7 +851,10 @@ def js_table(tbl):
             r["name"]: {"hop": r["hops"][0]["id"] if r["hops"] else "", "kind": r["kind"]} for r in tbl["routes"]
         },
         "hops": {
-            h["id"]: {"model": h["model"], "label": h["label"], "next": h["next"] or ""}
+            h["id"]: dict(
+                {"model": h["model"], "label": h["label"], "next": h["next"] or ""},
+                **({"members": h["members"], "solo": h["solo"]} if h.get("pool") else {}),
+            )
             for r in tbl["routes"]
             for h in r["hops"]
         },
@@ -753,7 +874,7 @@ def gate_plan(tbl, down=None, skip=None, drained=None):
     drained = set(_plain(drained or []))
     plan = []
     for route in tbl["routes"]:
-        refs = [h["upstream_ref"] for h in route["hops"]]
+        refs = list(dict.fromkeys(ref for h in route["hops"] for ref in h["refs"]))
         if route["name"] in skip:
             plan.append({"name": route["name"], "gate": False, "why": "llm_gateway_gate_skip"})
         elif not refs:
@@ -775,7 +896,8 @@ def summary(tbl, url, self_signed=False, config_id="", down=None):
         "config_id": config_id,
         "self_signed": bool(self_signed),
         "models": list(tbl["names"]),
-        "routes": {r["name"]: [h["label"] for h in r["hops"]] for r in tbl["routes"]},
+        "routes": {r["name"]: [h["label"] for h in r["hops"] if not h.get("solo_of")] for r in tbl["routes"]},
+        "policies": {r["name"]: r["policy"] for r in tbl["routes"] if any(h.get("pool") for h in r["hops"])},
         "clients": {c["name"]: list(c["models"]) for c in tbl["clients"] if c["name"] != HEALTH_CLIENT},
         "unreachable": sorted(_plain(down or [])),
     }

@@ -101,10 +101,10 @@ def spec(**over):
 
 
 def test_table_names_hops_and_rewrites():
-    table = gw.table(spec())
+    table = gw.table(spec(settings={"default_policy": "failover"}))
     assert table["names"] == ["tiny-a", "tiny-b", "big-r", "chat"]
     routes = {r["name"]: r for r in table["routes"]}
-    # the same served name on two rigs: tried in inventory order, the first one benchable
+    # the same served name on two rigs, policy failover: tried in inventory order, the first one benchable
     assert [h["label"] for h in routes["tiny-a"]["hops"]] == ["rig-a/alpha", "rig-b/alpha"]
     assert [h["upstream"] for h in routes["tiny-a"]["hops"]] == ["u0b", "u1"]
     # the alias: every target of each entry, in order, with the model rewritten where it differs
@@ -116,12 +116,56 @@ def test_table_names_hops_and_rewrites():
         ("remote:hosted", "big-r", True),
     ]
     assert [h["next"] for h in chat] == ["r3_1", "r3_2", "r3_3", None]
-    assert table["rewrite_positions"] == [0, 1, 2, 3]
+    assert table["rewrite_positions"] == [0, 1, 2, 3] and table["pools"] == []
     remote = next(u for u in table["upstreams"] if u["kind"] == "remote")
     assert remote["server"] == "api.example.com:443" and remote["tls_name"] == "api.example.com"
     assert remote["host_header"] == "api.example.com" and remote["base_path"] == "/v1"
     # direct names are never rewritten
     assert not any(h["rewrite"] for n in ("tiny-a", "tiny-b", "big-r") for h in routes[n]["hops"])
+
+
+def test_a_name_served_twice_is_a_pool_with_its_replicas_behind_it():
+    """The default policy (session) pools the instances of one name; each policy its own nginx balancer; behind a
+    pool, its replicas one by one (the route when the health feed drains one of them), then what follows it."""
+    table = gw.table(spec(settings={"policies": {"chat": "least_busy"}}))
+    routes = {r["name"]: r for r in table["routes"]}
+    tiny = routes["tiny-a"]["hops"]
+    assert [(h["id"], h["kind"], h["upstream"], h["next"], h["last"], h["solo"], h["solo_of"]) for h in tiny] == [
+        ("r0_0", "pool", "p0", None, True, "r0_1", None),
+        ("r0_1", "local", "u0b", "r0_2", False, None, "r0_0"),
+        ("r0_2", "local", "u1", None, True, None, "r0_0"),
+    ]
+    assert tiny[0]["members"] == tiny[0]["refs"] == ["rig-a/alpha", "rig-b/alpha"]
+    assert routes["tiny-a"]["policy"] == "session" and routes["chat"]["policy"] == "least_busy"
+    chat = routes["chat"]["hops"]
+    assert [(h["label"], h["model"], h["next"]) for h in chat] == [
+        ("least_busy:rig-a/alpha+rig-b/alpha", "tiny-a", "r3_1"),
+        ("rig-a/beta", "tiny-b", "r3_2"),
+        ("remote:hosted", "big-r", None),
+        ("rig-a/alpha", "tiny-a", "r3_4"),
+        ("rig-b/alpha", "tiny-a", "r3_1"),  # the pool's replicas, then on to the pool's next hop
+    ]
+    assert all(h["rewrite"] for h in chat) and chat[0]["solo"] == "r3_3"
+    pools = {p["id"]: p for p in table["pools"]}
+    assert {p: (v["policy"], v["balancer"], v["members"]) for p, v in pools.items()} == {
+        "p0": ("session", "hash $llm_session consistent", ["u0", "u1"]),
+        "p1": ("least_busy", "least_conn", ["u0", "u1"]),
+    }
+    # a pooled replica is reached through its own socket, which passes the request on to its group of one
+    ups = {u["ref"]: u for u in table["upstreams"]}
+    assert ups["rig-a/alpha"]["pooled"] and ups["rig-a/alpha"]["single"] and not ups["rig-a/beta"]["pooled"]
+    js = json.loads(gw.js_table(table))
+    assert js["hops"]["r0_0"] == {"model": "tiny-a", "label": "session:rig-a/alpha+rig-b/alpha", "next": "",
+                                  "members": ["rig-a/alpha", "rig-b/alpha"], "solo": "r0_1"}  # fmt: skip
+    assert "members" not in js["hops"]["r0_1"]
+    summary = gw.summary(table, "https://gw:8443/v1")
+    assert summary["routes"]["tiny-a"] == ["session:rig-a/alpha+rig-b/alpha"]
+    assert summary["policies"] == {"tiny-a": "session", "chat": "least_busy"}
+    # the gate knows every replica of a pool: a name is skipped only when all are out
+    plan = {p["name"]: p for p in gw.gate_plan(table, down=["rig-a/alpha"])}
+    assert plan["tiny-a"]["gate"]
+    plan = {p["name"]: p for p in gw.gate_plan(table, down=["rig-a/alpha", "rig-b/alpha"])}
+    assert plan["tiny-a"] == {"name": "tiny-a", "gate": False, "why": "unreachable: rig-a/alpha, rig-b/alpha"}
 
 
 def test_clients_hashed_and_zoned_by_rate_and_burst():
@@ -255,6 +299,18 @@ REFUSALS = {
     "remote key missing": (_edit("remotes.0.key", ""), "llm_gateway_remotes[0] (hosted): key is missing"),
     "missing rig key": (_edit("keys_present", ["rig-a/alpha", "rig-b/alpha"]), "rig-a/beta (tiny-b): no API key"),
     "gateway port taken": (_edit("gateway_port", 8001), None),
+    "unknown policy": (
+        _edit("settings", {"policies": {"chat": "sticky"}}),
+        "llm_gateway_policies['chat']: 'sticky' is not a policy; allowed: session, least_busy, round_robin, failover",
+    ),
+    "policy of an unknown name": (
+        _edit("settings", {"policies": {"tiny-z": "session"}}),
+        "llm_gateway_policies['tiny-z']: no model or alias of that name",
+    ),
+    "unknown default policy": (
+        _edit("settings", {"default_policy": "random"}),
+        "llm_gateway_default_policy 'random' is not a policy",
+    ),
 }
 
 
@@ -525,7 +581,15 @@ def inventory(tmp, ports, up, certs):
                 "ca_file": str(certs / "remote.pem"),
             }
         ],  # fmt: skip
-        "llm_gateway_aliases": {"chat": ["tiny-a", "tiny-b", "remote:big-r"], "far": ["tiny-a", "remote:big-r"]},
+        "llm_gateway_aliases": {
+            "chat": ["tiny-a", "tiny-b", "remote:big-r"],
+            "far": ["tiny-a", "remote:big-r"],
+            # the pool of tiny-p (policy session, the default) under the other policies
+            "pool-rr": ["tiny-p"],
+            "pool-least": ["tiny-p"],
+            "pool-fail": ["tiny-p", "remote:big-r"],
+        },
+        "llm_gateway_policies": {"pool-rr": "round_robin", "pool-least": "least_busy", "pool-fail": "failover"},
         "llm_gateway_clients": [
             # the tests send many requests in a short time: only `slow` meets its limit
             {"name": "dev", "key": CLIENTS["dev"], "models": "*", "rate": "1000r/s", "burst": 1000},
@@ -555,8 +619,18 @@ def inventory(tmp, ports, up, certs):
                     "host": "0.0.0.0",
                     "model": {"source": "local", "path": "/m", "served_name": "tiny-b"},
                 }
+            ]  # fmt: skip
+            # three replicas of tiny-p: a pool
+            + [
+                {
+                    "name": n,
+                    "port": up[n].port,
+                    "host": "0.0.0.0",
+                    "model": {"source": "local", "path": "/m", "served_name": "tiny-p"},
+                }
+                for n in REPLICAS
             ],  # fmt: skip
-            "vllm_service_keys": {"beta": KEYS["beta"]},
+            "vllm_service_keys": {"beta": KEYS["beta"], **{n: up[n].key for n in REPLICAS}},
         },
         # only its key file on the "rig": read there by slurp (delegated, connection local)
         "rig-c": {
@@ -659,9 +733,15 @@ class Gateway:
         return (self.etc / "live" / "config_id").read_text().strip()
 
 
+REPLICAS = ("p1", "p2", "p3")
+# every name of the gateway the tests serve, in its order
+NAMES = ["tiny-a", "tiny-b", "tiny-p", "tiny-c", "big-r", "chat", "far", "pool-fail", "pool-least", "pool-rr"]
+
+
 @pytest.fixture(scope="module")
 def upstreams(tmp_path_factory):
-    """The stand-in upstreams: three rig instances over HTTP, a hosted provider over HTTPS."""
+    """The stand-in upstreams: three rig instances over HTTP, a hosted provider over HTTPS, and three replicas
+    of one name (a pool)."""
     if NGINX is None or not NJS.exists():
         pytest.fail(NO_NGINX)  # only tests marked needs("nginx with njs") use it: they were skipped or failed first
     certs = tmp_path_factory.mktemp("llm-gateway-upstreams")
@@ -678,6 +758,8 @@ def upstreams(tmp_path_factory):
         "remote": Upstream(KEYS["remote"], "big-r", tls=(str(certs / "remote.pem"), str(certs / "remote-key.pem"))),
     }
     up["remote"].start()
+    for name in REPLICAS:
+        up[name] = Upstream(f"{name}-replica-key-0123456789abcdef012345678", "tiny-p", delay=0.2).start()
     try:
         yield certs, up
     finally:
@@ -702,16 +784,12 @@ def stop_nginx(conf, pid_file):
         os.kill(int(pid_file.read_text()), signal.SIGTERM)
 
 
-@pytest.fixture(scope="module")
-def gateway(tmp_path_factory, upstreams):
+def served(tmp, inv, up):
     """The role's preflight and configure on this machine, the set put live by the tool, nginx started by hand."""
-    tmp = tmp_path_factory.mktemp("llm-gateway")
-    inv = prepared(tmp, upstreams)
     rc, out = playbook(tmp, inv)
     assert rc == 0, out[-4000:]
     assert tool("promote", str(tmp / "etc")).returncode == 0
-    g = Gateway(tmp, {"gateway": inv["all"]["children"]["gateways"]["hosts"]["gw"]["llm_gateway_port"]},
-                upstreams[1], inv)  # fmt: skip
+    g = Gateway(tmp, {"gateway": inv["all"]["children"]["gateways"]["hosts"]["gw"]["llm_gateway_port"]}, up, inv)
     g.render_output = out
     started = g.nginx()
     assert started.returncode == 0, started.stderr
@@ -720,6 +798,12 @@ def gateway(tmp_path_factory, upstreams):
         yield g
     finally:
         stop_nginx(tmp / "etc" / "live" / "nginx.conf", tmp / "nginx.pid")
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory, upstreams):
+    tmp = tmp_path_factory.mktemp("llm-gateway")
+    yield from served(tmp, prepared(tmp, upstreams), upstreams[1])
 
 
 @needs_nginx
@@ -791,7 +875,8 @@ def test_streaming_is_passed_on_unbuffered(gateway):
 def test_upstreams_see_their_own_key_never_the_clients(gateway):
     for u in gateway.up.values():
         u.seen.clear()
-    for name in ("tiny-a", "tiny-b", "tiny-c", "big-r", "chat"):
+    # (pool-rr: round robin, so each replica of the pool sees one)
+    for name in ("tiny-a", "tiny-b", "tiny-c", "big-r", "chat", "pool-rr", "pool-rr", "pool-rr"):
         status, _ = gateway.call("/v1/chat/completions", CLIENTS["dev"], {"model": name, "messages": []},
                                  headers={"X-Api-Key": CLIENTS["dev"], "Api-Key": CLIENTS["dev"],
                                           "Cookie": f"session={CLIENTS['dev']}"})  # fmt: skip
@@ -800,11 +885,12 @@ def test_upstreams_see_their_own_key_never_the_clients(gateway):
         assert u.seen, label
         for request in u.seen:
             headers = {k.lower(): v for k, v in request["headers"].items()}
-            assert headers["authorization"] == f"Bearer {KEYS[label]}"
+            assert headers["authorization"] == f"Bearer {u.key}"
             assert not any(CLIENTS["dev"] in v for v in headers.values()), headers
             assert not {"x-api-key", "api-key", "cookie"} & set(headers)
-    # the alias reached alpha with its own name in the body
+    # the alias reached alpha with its own name in the body, and a pooled replica's Host is its own
     assert gateway.up["alpha"].seen[-1]["body"]["model"] == "tiny-a"
+    assert gateway.up["p2"].seen[-1]["headers"]["Host"] == "127.0.0.1:" + str(gateway.up["p2"].port)
     assert gateway.up["remote"].seen[-1]["headers"]["Host"] == "127.0.0.1:" + str(gateway.up["remote"].port)
 
 
@@ -879,7 +965,7 @@ def test_models_403_404_and_what_each_key_may_use(gateway):
     assert [m["id"] for m in body["data"]] == ["tiny-a", "chat"]
     assert all(m["object"] == "model" and m["owned_by"] == "rigops" for m in body["data"])
     status, body = gateway.call("/v1/models", CLIENTS["dev"])
-    assert [m["id"] for m in body["data"]] == ["tiny-a", "tiny-b", "tiny-c", "big-r", "chat", "far"]
+    assert [m["id"] for m in body["data"]] == NAMES
     assert gateway.call("/v1/models/chat", CLIENTS["limited"])[0] == 200
     assert gateway.call("/v1/models/tiny-b", CLIENTS["limited"])[0] == 404
     status, body = gateway.chat("tiny-b", key=CLIENTS["limited"])
@@ -950,7 +1036,7 @@ def test_access_log_is_json_without_keys_or_bodies(gateway):
 @needs_nginx
 def test_gate_passes_and_names_what_answered(gateway):
     key = (gateway.etc / "health_key").read_text().strip()
-    names = [{"name": n, "gate": True, "why": ""} for n in ("tiny-a", "tiny-b", "tiny-c", "big-r", "chat", "far")]
+    names = [{"name": n, "gate": True, "why": ""} for n in NAMES]
     out = http.gate(gateway.client, key, names, config_id=gateway.live_id(), stream_name="chat", timeout=5)
     assert out["failures"] == [], out["failures"]
     assert out["answered"]["far"]["answered_by"] == "tiny-a" and out["answered"]["chat"]["ttft_s"] < 0.3
@@ -1123,6 +1209,120 @@ def test_instances_the_health_feed_drained_are_routed_around_at_the_next_request
     assert gateway.chat("tiny-a")[0] == 200
 
 
+def posts(up):
+    return [s for s in up.seen if s["method"] == "POST"]
+
+
+def replica_of(gateway, send):
+    """Which replica of the pool answered the request ``send`` makes (one at a time): its status and name."""
+    before = {n: len(posts(gateway.up[n])) for n in REPLICAS}
+    status, body = send()
+    grew = [n for n in REPLICAS if len(posts(gateway.up[n])) > before[n]]
+    assert len(grew) <= 1, grew  # no request reaches two replicas
+    return status, (grew[0] if grew else None)
+
+
+def turn(gateway, session, turns, model="tiny-p", headers=None):
+    """Turn ``turns`` of a conversation: the shared system prompt, its own first message, then growing."""
+    messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": f"task {session}"}]
+    for t in range(1, turns):
+        messages += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": f"more {t}"}]
+    body = {"model": model, "messages": messages, "max_tokens": 4}
+    return replica_of(gateway, lambda: gateway.call("/v1/chat/completions", CLIENTS["dev"], body, headers=headers))
+
+
+@needs_nginx
+def test_a_pool_keeps_each_conversation_on_one_replica_and_spreads_them(gateway):
+    """Policy session (the default): every turn of a conversation on the replica of its first turn, the
+    conversations spread over the replicas; a client's x-session-id outweighs the messages; the replica's own
+    key on each request, the client's never."""
+    where = {}
+    for session in range(24):
+        for t in range(1, 4):
+            status, replica = turn(gateway, session, t)
+            assert status == 200 and replica is not None
+            assert where.setdefault(session, replica) == replica, (session, t, where[session], replica)
+    spread = {n: list(where.values()).count(n) for n in REPLICAS}
+    assert all(spread.values()), spread
+    for ident in ("alpha", "beta", "gamma"):
+        seen = {turn(gateway, f"{ident}-{i}", 1, headers={"X-Session-Id": ident})[1] for i in range(6)}
+        assert len(seen) == 1, (ident, seen)
+    for n in REPLICAS:
+        last = posts(gateway.up[n])[-1]["headers"]
+        assert last["Authorization"] == f"Bearer {gateway.up[n].key}" and "X-Api-Key" not in last
+    # the access log names the pool; the replica it took is nginx's $upstream_addr (its socket)
+    entry = [e for e in gateway.log() if e["model"] == "tiny-p"][-1]
+    assert entry["target"] == "session:rig-b/p1+rig-b/p2+rig-b/p3" and "replica-u" in entry["upstream"], entry
+
+
+@needs_nginx
+def test_a_replica_leaving_moves_only_its_own_conversations(gateway):
+    """Consistent hashing: the replica stopped, its conversations go to the others and no request fails; every
+    other conversation stays where it was; once it is back (after llm_gateway_bench_seconds), so are its own."""
+    where = {session: turn(gateway, session, 1)[1] for session in range(24)}
+    leaving = max(REPLICAS, key=lambda n: list(where.values()).count(n))
+    port = gateway.up[leaving].port
+    gateway.up[leaving].stop()
+    try:
+        moved = {}
+        for session, replica in where.items():
+            status, now = turn(gateway, session, 2)
+            assert status == 200 and now is not None and now != leaving, (session, status, now)
+            if replica != leaving:
+                assert now == replica, (session, replica, now)
+            else:
+                moved[session] = now
+        assert moved and all(n != leaving for n in moved.values())
+    finally:
+        gateway.up[leaving].start(port)
+    time.sleep(2.5)  # the bench (llm_gateway_bench_seconds: 2) is over: nginx tries the replica again
+    assert {session: turn(gateway, session, 3)[1] for session in where} == where
+
+
+@needs_nginx
+def test_round_robin_least_busy_and_failover_pools(gateway):
+    """round_robin takes the replicas in turn; least_busy sends streams in flight to the idle replicas; failover
+    sends everything to the first replica in inventory order. Each alias asks the pool for its own model."""
+    rr = [turn(gateway, i, 1, model="pool-rr") for i in range(6)]
+    assert all(status == 200 for status, _n in rr) and sorted(n for _s, n in rr) == ["p1", "p1", "p2", "p2", "p3", "p3"]
+    assert posts(gateway.up["p1"])[-1]["body"]["model"] == "tiny-p"
+    before = {n: len(posts(gateway.up[n])) for n in REPLICAS}
+    results = []
+
+    def stream():
+        body = {"model": "pool-least", "stream": True, "messages": [{"role": "user", "content": "the same prompt"}]}
+        status, chunks = gateway.call("/v1/chat/completions", CLIENTS["dev"], body, stream=True)
+        results.append((status, b"".join(chunks) if not isinstance(chunks, bytes) else chunks))
+
+    threads = [threading.Thread(target=stream) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.1)  # each in flight (0.6 s of chunks) when the next comes
+    for thread in threads:
+        thread.join(30)
+    assert [status for status, _body in results] == [200, 200, 200] and all(b"[DONE]" in b for _s, b in results)
+    assert {n: len(posts(gateway.up[n])) - before[n] for n in REPLICAS} == {"p1": 1, "p2": 1, "p3": 1}
+    assert {turn(gateway, i, 1, model="pool-fail")[1] for i in range(5)} == {"p1"}
+
+
+@needs_nginx
+def test_a_replica_the_health_feed_drained_leaves_its_pool(gateway):
+    """The health feed drains one replica: the pool gives way to its replicas' own hops, the drained one skipped;
+    every replica drained, the alias goes on to its next target."""
+    drained = gateway.tmp / "state" / "health" / "drained.json"
+    drained.parent.mkdir(exist_ok=True)
+    try:
+        drained.write_text(json.dumps({"drained": ["rig-b/p1"]}))
+        assert {turn(gateway, session, 1)[1] for session in range(8)} == {"p2"}
+        drained.write_text(json.dumps({"drained": ["rig-b/p1", "rig-b/p2", "rig-b/p3"]}))
+        status, replica = turn(gateway, 0, 1, model="pool-fail")
+        assert status == 200 and replica is None
+        assert gateway.log()[-1]["target"] == "remote:hosted"
+    finally:
+        drained.unlink()
+    assert len({turn(gateway, session, 1)[1] for session in range(12)}) > 1
+
+
 def test_the_config_sets_tool(tmp_path):
     """seal, same, promote, mark-good, restore: what tasks/run.yml does with the sets (no nginx needed)."""
     etc = tmp_path / "etc"
@@ -1225,8 +1425,8 @@ def test_the_example_gateway_names_only_what_the_example_inventory_serves():
              "gateway_port": settings["llm_gateway_port"],
              "keys_present": [i["ref"] for b in backends for i in b["instances"]]}  # fmt: skip
     assert gw.problems(spec_) == []
-    routes = {r["name"]: [h["label"] for h in r["hops"]] for r in gw.table(spec_)["routes"]}
-    assert routes["chat"] == ["rig-5090-01/main", "h100-01/chat", "thor-01/text", "remote:hosted"]
+    routes = {r["name"]: [h["label"] for h in r["hops"] if not h["solo_of"]] for r in gw.table(spec_)["routes"]}
+    assert routes["chat"] == ["session:rig-5090-01/main+h100-01/chat", "thor-01/text", "remote:hosted"]
     assert set(settings["llm_gateway_gate_skip"]) <= set(routes)
     # bound to loopback (the example's default today), the rigs are refused with the fix
     loopback = {h: dict(v, vllm_instances=yaml.safe_load(

@@ -130,9 +130,9 @@ def test_sources_from_the_routing_tables_rigs():
 def test_the_gate_does_not_send_a_chat_where_every_hop_is_drained():
     tbl = {
         "routes": [
-            {"name": "tiny-a", "hops": [{"upstream_ref": "gw/alpha"}]},
-            {"name": "chat", "hops": [{"upstream_ref": "gw/alpha"}, {"upstream_ref": "rig-b/beta"}]},
-            {"name": "far", "hops": [{"upstream_ref": "gw/alpha"}, {"upstream_ref": "remote:big"}]},
+            {"name": "tiny-a", "hops": [{"refs": ["gw/alpha"]}]},
+            {"name": "chat", "hops": [{"refs": ["gw/alpha"]}, {"refs": ["rig-b/beta"]}]},
+            {"name": "far", "hops": [{"refs": ["gw/alpha"]}, {"refs": ["remote:big"]}]},
         ]
     }
     plan = gw.gate_plan(tbl, down=["remote:big"], drained=["gw/alpha"])
