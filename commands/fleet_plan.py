@@ -3,7 +3,8 @@
 
     ./rigops python commands/fleet_plan.py [--devices 10,100,1000] [--forks N] [--batches 1,10%,50%,100%]
         [--connection ssh|mitogen] [--model-gb GB] [--cache-gbps GBIT] [--caches-per-site N] [--sites N]
-        [--tasks-per-host N] [--cpu-per-task S] [--mem-per-fork MB] [--controller-cores N]
+        [--device-gbps GBIT] [--peers] [--peer-gbps GBIT] [--tasks-per-host N] [--cpu-per-task S]
+        [--mem-per-fork MB] [--controller-cores N]
         [--controller-memory-gb GB] [--inputs PATH] [--json | --markdown]
 
 Measured figures come from the project's measurements (docs/measurements.yml: value, unit, the
@@ -14,7 +15,10 @@ playbooks/rollout.yml under Ansible's linear strategy (docs/fleet-scale.md):
 - a board's step: its own work (the measured canary's time less its tasks' SSH cost) + tasks x the
   connection's cost per task + its model pull; a batch runs in waves of --forks boards;
 - model pull: the boards pulling at once share their site's caches (--caches-per-site x
-  --cache-gbps), no faster than one board's measured cache throughput (cache_pull) when known;
+  --cache-gbps), no faster than one board's measured cache throughput (cache_pull) when known nor
+  than its link (--device-gbps); with --peers, the boards of the site that finished in earlier
+  batches serve it too, each at --peer-gbps (default: the device link), and the caches still
+  send the hub's bytes once;
 - controller CPU: tasks x CPU-seconds per task; a batch lasts at least its CPU-seconds / cores;
 - the plan play before the batches: the measured rollout's time outside its batches, per wave;
 - the limit that binds: the one whose removal (forks = devices, unlimited cache or CPU, free
@@ -64,14 +68,14 @@ BOARD_TIME = "board time"
 ADVICE = {
     "controller memory": "fewer forks per controller, or one controller per site (an automation controller "
     "driving ansible-runner on each)",
-    "cache bandwidth": "more caches per site (--caches-per-site) or faster cache links; stage the weights "
-    "before the rollout",
+    "cache bandwidth": "peer-assisted distribution (--peers), more caches per site (--caches-per-site) or faster "
+    "cache links; stage the weights before the rollout",
     "forks": "raise forks (each ~0.25 CPU and ~100 MB on the controller); strategy: free so a board does not "
     "wait for the slowest of its wave",
     "controller CPU": "mitogen (--connection mitogen), more cores, or one controller per site (an automation "
     "controller driving ansible-runner on each)",
     "per-task cost": "mitogen (--connection mitogen), or fewer tasks per host",
-    "board download": "the boards' own links: more caches do not help; stage the weights before the rollout",
+    "board download": "the boards' own links: more caches or peers do not help; stage the weights before the rollout",
     BOARD_TIME: "nothing on the controller: fewer batches after the canary, or a shorter step on the boards",
 }
 # what to do when mitogen is on already
@@ -113,6 +117,9 @@ class Plan:
     cache_gbps: float = CACHE_GBPS
     caches_per_site: int = 1
     sites: int = 1
+    device_gbps: float | None = None  # a board's link; None: only the measured cache pull caps a pull
+    peers: bool = False  # boards of earlier batches serve the model to later ones on their site
+    peer_gbps: float | None = None  # what a peer sends; None: the device link (else the cache pull, the cache link)
     tasks_per_host: int = TASKS_PER_HOST
     cpu_per_task: float | None = None  # None: CPU_PER_BUSY_FORK x the connection's seconds per task
     mem_per_fork_mb: float = MEM_PER_FORK_MB
@@ -257,25 +264,40 @@ def cpu_per_task(plan: Plan, m: Measured) -> float:
     return plan.cpu_per_task if plan.cpu_per_task is not None else CPU_PER_BUSY_FORK * m.task_s
 
 
+def device_cap(plan: Plan, m: Measured) -> float:
+    """The most one board's pull carries: its link and the measured cache pull, whichever is lower."""
+    caps = [c for c in (plan.device_gbps, m.host_gbps) if c]
+    return min(caps) if caps else math.inf
+
+
+def peer_rate(plan: Plan, m: Measured) -> float:
+    """What one peer sends to the boards of later batches (Gbit/s)."""
+    return plan.peer_gbps or plan.device_gbps or m.host_gbps or plan.cache_gbps
+
+
 def estimate(plan: Plan, m: Measured) -> dict:
     """The rollout of ``plan.devices`` boards: wall time, pull time, controller CPU, connections, memory."""
     sizes = split_batches(plan.devices, plan.serial)
     tasks, cpu_task = plan.tasks_per_host, cpu_per_task(plan, m)
     model_gbit = plan.model_gb * 8
     wall = m.outside_s * math.ceil(plan.devices / plan.forks)  # the plan play visits every board first
-    pull_total = cpu_total = 0.0
+    pull_total = cpu_total = by_peers = 0.0
+    done = 0
     for size in sizes:
         waves = math.ceil(size / plan.forks)
         pulling_per_site = math.ceil(min(size, plan.forks) / plan.sites)
-        rate = plan.caches_per_site * plan.cache_gbps / pulling_per_site
-        if m.host_gbps:
-            rate = min(rate, m.host_gbps)
+        caches = plan.caches_per_site * plan.cache_gbps
+        # the boards of earlier batches on the site, each verified what it serves (the boards spread evenly)
+        peers = (done // plan.sites) * peer_rate(plan, m) if plan.peers else 0.0
+        rate = min((caches + peers) / pulling_per_site, device_cap(plan, m))
         pull = model_gbit / rate if model_gbit else 0.0
         board = m.board_s + tasks * m.task_s + pull
         cpu = size * tasks * cpu_task
         wall += max(waves * board, cpu / plan.controller_cores)
         pull_total += waves * pull
         cpu_total += cpu
+        by_peers += size * peers / (caches + peers)  # each source sends its share of what is pulled
+        done += size
     if plan.connection == "mitogen":
         peak = plan.devices  # ansible_mitogen keeps one connection per host until the run ends
     else:
@@ -296,6 +318,8 @@ def estimate(plan: Plan, m: Measured) -> dict:
         "peak_ssh": peak,
         "memory_gb": round(min(plan.forks, plan.devices) * plan.mem_per_fork_mb / 1024, 2),
         "hosts_per_cache": math.ceil(plan.devices / (plan.sites * plan.caches_per_site)),
+        # the model's bytes the boards got from peers, over all they pulled; None without --peers
+        "peer_share": round(by_peers / plan.devices, 3) if plan.peers else None,
     }
 
 
@@ -309,8 +333,8 @@ def relaxed(plan: Plan, m: Measured) -> dict[str, tuple[Plan, Measured]]:
         # the connection's latency only: the controller's CPU per task stays what it was
         "per-task cost": (replace(plan, cpu_per_task=cpu_per_task(plan, m)), replace(m, task_s=0.0)),
     }
-    if m.host_gbps:
-        out["board download"] = (plan, replace(m, host_gbps=math.inf))
+    if device_cap(plan, m) < math.inf:
+        out["board download"] = (replace(plan, device_gbps=None), replace(m, host_gbps=None))
     return out
 
 
@@ -358,6 +382,7 @@ HEADERS = (
     "peak SSH conns",
     "controller memory",
     "hosts/cache",
+    "by peers",
     "limit that binds",
 )
 
@@ -373,6 +398,7 @@ def cells(row: dict) -> list[str]:
         str(row["peak_ssh"]),
         f"{row['memory_gb']:.1f} GB",
         str(row["hosts_per_cache"]),
+        "-" if row["peer_share"] is None else f"{row['peer_share']:.0%}",
         row["binds"],
     ]
 
@@ -392,7 +418,7 @@ def notes(plan: Plan, m: Measured, inputs: dict[str, dict], inputs_path: Path) -
         f"outside its batches {m.outside_s:.1f} s (wall less canary less batch 2's slowest)"
     )
     lines.append(cache_pull_note(inputs))
-    if m.host_gbps is None:
+    if m.host_gbps is None and plan.device_gbps is None:
         lines.append(
             f"  so a pull is limited only by the site's caches: --cache-gbps {plan.cache_gbps:g} Gbit/s per cache "
             "(assumed), shared evenly by the boards pulling at once"
@@ -409,6 +435,13 @@ def notes(plan: Plan, m: Measured, inputs: dict[str, dict], inputs_path: Path) -
         f"  model {plan.model_gb:g} GB pulled by every board (--model-gb; 0: a runtime-only rollout)",
         f"  cache link {plan.cache_gbps:g} Gbit/s per cache (--cache-gbps), {plan.caches_per_site} cache(s) per "
         f"site (--caches-per-site), {plan.sites} site(s) (--sites)",
+        f"  a board's link: {f'{plan.device_gbps:g} Gbit/s' if plan.device_gbps else 'not limited'} (--device-gbps)",
+        (
+            f"  peers: each board that finished an earlier batch serves the model to its site's later batches at "
+            f"{peer_rate(plan, m):g} Gbit/s (--peers, --peer-gbps); the caches still fetch each file from the hub once"
+            if plan.peers
+            else "  peers: none (--peers: boards of earlier batches serve the model to later ones)"
+        ),
         f"  {plan.tasks_per_host} tasks per host in a rollout (--tasks-per-host)",
         f"  controller: {cpu}",
         f"  controller: {plan.mem_per_fork_mb:g} MB per fork (--mem-per-fork; automation controller's default), "
@@ -494,6 +527,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--cache-gbps", type=_number(0, True), default=CACHE_GBPS, help="assumed Gbit/s per cache (default 10)")
     add("--caches-per-site", type=_positive_int, default=1, help="fleet caches per site (default 1)")
     add("--sites", type=_positive_int, default=1, help="sites, the devices spread evenly (default 1)")
+    add("--device-gbps", type=_number(0, True), help="assumed link of a board, Gbit/s (default: not limited)")
+    add("--peers", action="store_true", help="boards of earlier batches serve the model to later ones on their site")
+    add("--peer-gbps", type=_number(0, True), help="assumed Gbit/s a peer sends (default: --device-gbps)")
     add("--tasks-per-host", type=_positive_int, default=TASKS_PER_HOST, help="assumed (default 120)")
     add("--cpu-per-task", type=_number(0, False), help="assumed controller CPU-s per task per host")
     add("--mem-per-fork", type=_number(0, True), default=MEM_PER_FORK_MB, help="assumed MB per fork (default 100)")
@@ -517,6 +553,9 @@ def plans_from(args: argparse.Namespace) -> list[Plan]:
             cache_gbps=args.cache_gbps,
             caches_per_site=args.caches_per_site,
             sites=args.sites,
+            device_gbps=args.device_gbps,
+            peers=args.peers,
+            peer_gbps=args.peer_gbps,
             tasks_per_host=args.tasks_per_host,
             cpu_per_task=args.cpu_per_task,
             mem_per_fork_mb=args.mem_per_fork,

@@ -126,6 +126,46 @@ def test_a_measured_board_download_caps_each_pull():
     assert fp.plan_rows([fp.Plan(devices=1000, forks=100, caches_per_site=100)], slow)[0]["binds"] == "board download"
 
 
+def test_a_board_link_caps_each_pull_like_a_measured_download():
+    one = fp.Plan(devices=1, model_gb=18, cache_gbps=10)
+    assert fp.estimate(replace(one, device_gbps=1.0), M)["pull_s"] == pytest.approx(144.0)
+    # the lower of the link and the measured pull
+    assert fp.estimate(replace(one, device_gbps=1.0), replace(M, host_gbps=0.5))["pull_s"] == pytest.approx(288.0)
+    row = fp.plan_rows([fp.Plan(devices=1000, forks=100, caches_per_site=100, device_gbps=1.0)], M)[0]
+    assert row["binds"] == "board download" and row["peer_share"] is None
+
+
+def test_peers_serve_later_batches_and_take_the_load_off_the_cache():
+    """The canary and batch 2 pull from the cache alone (no peer yet, then one); from batch 3 on, the boards that
+    finished serve their site's later batches: the cache stops binding, the boards' links do."""
+    plan = fp.Plan(devices=1000, forks=100, device_gbps=1.0, connection="mitogen")
+    alone = fp.estimate(plan, M)
+    assisted = fp.estimate(replace(plan, peers=True), M)
+    # the canary: 144 s at its link; batch 2: 100 boards share 10 + 1 Gbit/s; batches 3 and 4: 5 and 4 waves of
+    # 100 boards at their own links
+    assert assisted["pull_s"] == pytest.approx(144 + 100 * 144 / 11 + 9 * 144, rel=0.01)
+    assert assisted["pull_s"] < 0.25 * alone["pull_s"]
+    # the peers sent most of the bytes: batches 3 and 4 mostly from the 101 and 601 boards before them
+    assert 0.8 < assisted["peer_share"] < 0.95 and alone["peer_share"] is None
+    # a slower peer than its link serves less
+    slower = fp.estimate(replace(plan, peers=True, peer_gbps=0.1), M)
+    assert slower["pull_s"] > assisted["pull_s"] and slower["peer_share"] < assisted["peer_share"]
+    # peers of one site do not serve another: 10 sites, each of them a tenth of the boards and of the peers
+    sites = fp.estimate(replace(plan, peers=True, sites=10, caches_per_site=1), M)
+    assert sites["pull_s"] < assisted["pull_s"]
+
+
+def test_the_plan_for_1000_boards_distributes_the_model_within_the_hour():
+    """1,000 boards, an 18 GB model, 1 Gbit/s per board, one 10 Gbit/s cache (docs/fleet-scale.md): with peers and
+    100 forks under mitogen, the model is everywhere within 60 minutes and the boards' links bind."""
+    plan = fp.Plan(devices=1000, forks=100, device_gbps=1.0, connection="mitogen", peers=True)
+    (row,) = fp.plan_rows([plan], M)
+    assert row["pull_s"] <= 3600 and row["binds"] == "board download", row
+    (cache_only,) = fp.plan_rows([replace(plan, peers=False)], M)
+    assert cache_only["pull_s"] > 4 * 3600 and cache_only["binds"] == "cache bandwidth"
+    assert "--peers" in cache_only["then"]
+
+
 def test_controller_memory_binds_before_anything_else():
     row = fp.plan_rows([fp.Plan(devices=1000, forks=200, mem_per_fork_mb=100, controller_memory_gb=16)], M)[0]
     assert row["memory_gb"] == pytest.approx(19.53, abs=0.01)
@@ -273,6 +313,8 @@ def test_a_measured_cache_pull_is_used(tmp_path, capsys):
         ("--cache-gbps", "0"),
         ("--model-gb", "-1"),
         ("--caches-per-site", "0"),
+        ("--device-gbps", "0"),
+        ("--peer-gbps", "-1"),
         ("--connection", "podman"),
     ],
 )
@@ -310,7 +352,7 @@ def test_the_outputs_carry_every_row_and_label_the_assumptions(capsys):
 def test_the_tables_in_the_doc_are_the_tools_output(capsys):
     doc = (ROOT / "docs" / "fleet-scale.md").read_text()
     commands = re.findall(r"```sh\n\./rigops python commands/fleet_plan\.py (.*)\n```\n\n", doc)
-    assert len(commands) == 2
+    assert len(commands) == 3
     for command in commands:
         assert fp.main(shlex.split(command)) == 0
         output = capsys.readouterr().out
