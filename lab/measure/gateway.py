@@ -2,7 +2,7 @@
 """What the LLM gateway adds (printed, never asserted): the same load direct and through the gateway.
 
     ./rigops measure gateway [--where sandbox|local] [--concurrency 1,8,32] [--seconds 8] [--stream]
-                               [--upstream-ms MS] [--down] [--json]
+                               [--upstream-ms MS] [--replicas N] [--policy POLICY] [--down] [--json]
 
 An OpenAI-compatible stand-in upstream that answers at once (a chat completion, or a short stream
 with --stream) isolates the gateway's own cost: vLLM's latency on the sandbox's CPU build is tens of
@@ -15,6 +15,10 @@ the key swap, the access log). Printed per concurrency: median and p90 latency, 
 second, and the ratios: added median latency (goal <= 1 ms) and throughput through the gateway
 over direct (goal >= 0.95x).
 
+- ``--replicas N`` (default 1): N stand-ins serve the name, each with its own key, so the gateway reaches them
+  as a pool (plugins/filter/llm_gateway.py) of ``--policy`` (default session): what the pool's routing adds
+  (the session key's hash, nginx's balancer, each replica's socket) is the figure against the direct path to
+  the first stand-in.
 - ``--where sandbox`` (default): a sandbox host of its own (bench-gw, profile nogpu, SSH port 2389)
   is the gateway and the "rig": the stand-in runs there as the instance `echo` (its key in
   /etc/vllm/echo/api_key), the gateway is deployed by playbooks/gateway.yml (the real role and
@@ -32,6 +36,7 @@ import argparse
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -195,9 +200,10 @@ def spec(ports: dict, files: dict, args) -> dict:
     }
 
 
-def gateway_vars(port: int) -> dict:
+def gateway_vars(port: int, policy: str = "session") -> dict:
     return {
         "llm_gateway_port": port,
+        "llm_gateway_default_policy": policy,
         "llm_gateway_clients": [
             {"name": "bench", "key": CLIENT_KEY, "models": "*", "rate": "100000r/s", "burst": 100000}
         ],  # fmt: skip
@@ -206,9 +212,17 @@ def gateway_vars(port: int) -> dict:
     }
 
 
-def rig_vars(port: int) -> dict:
-    return {"vllm_instances": [{"name": "echo", "port": port, "model": {"source": "local", "path": "/srv/echo",
-                                                                       "served_name": MODEL}}]}  # fmt: skip
+def replicas(first_port: int, count: int) -> list[tuple[str, int, str]]:
+    """(instance name, port, key) of each stand-in: `echo` alone, else echo-1 .. echo-N on consecutive ports."""
+    if count == 1:
+        return [("echo", first_port, UPSTREAM_KEY)]
+    return [(f"echo-{i}", first_port + i - 1, f"{UPSTREAM_KEY}-{i}") for i in range(1, count + 1)]
+
+
+def rig_vars(first_port: int, count: int = 1) -> dict:
+    return {"vllm_instances": [{"name": name, "port": port, "model": {"source": "local", "path": "/srv/echo",
+                                                                      "served_name": MODEL}}
+                               for name, port, _key in replicas(first_port, count)]}  # fmt: skip
 
 
 # --------------------------------------------------------------------------- on a sandbox host
@@ -217,18 +231,24 @@ def rig_vars(port: int) -> dict:
 def run_sandbox(args, workdir: Path) -> dict:
     details = sb.fleet_up([HOST])[0]
     ports = {"upstream": 18001, "gateway": 8443}
-    podman = ["podman", "exec", details["container"]]
-    sb.podman_exec(details["container"], "install", "-d", "-m", "0755", "/etc/vllm/echo", "/opt/bench", check=True)
-    files = (("/etc/vllm/echo/api_key", UPSTREAM_KEY + "\n", "600"),
-             ("/opt/bench/client_key", CLIENT_KEY + "\n", "600"),
-             ("/opt/bench/standin.py", STANDIN, "644"), ("/opt/bench/load.py", LOAD, "644"))  # fmt: skip
+    podman = ["podman", "exec", "-i", details["container"]]  # -i: the files below go in through stdin
+    stand_ins = replicas(ports["upstream"], args.replicas)
+    sb.podman_exec(details["container"], "install", "-d", "-m", "0755", "/opt/bench",
+                   *[f"/etc/vllm/{name}" for name, _port, _key in stand_ins], check=True)  # fmt: skip
+    files = [(f"/etc/vllm/{name}/api_key", key + "\n", "600") for name, _port, key in stand_ins]
+    files += [("/opt/bench/client_key", CLIENT_KEY + "\n", "600"),
+              ("/opt/bench/standin.py", STANDIN, "644"), ("/opt/bench/load.py", LOAD, "644")]  # fmt: skip
     for name, text, mode in files:
         subprocess.run([*podman, "sh", "-c", f"cat > {name} && chmod {mode} {name}"], input=text, text=True,
                        check=True, env=sb.ENV)  # fmt: skip
-    subprocess.run([*podman, "sh", "-c", "systemctl stop bench-echo 2>/dev/null; systemd-run --unit bench-echo "
-                    f"python3 /opt/bench/standin.py {ports['upstream']} /etc/vllm/echo/api_key {args.upstream_ms}"],
-                   check=True, env=sb.ENV, capture_output=True)  # fmt: skip
-    host_vars = {**sb.ssh_vars(details), **rig_vars(ports["upstream"]), **gateway_vars(ports["gateway"])}
+    subprocess.run([*podman, "sh", "-c", "systemctl stop 'bench-echo*' 2>/dev/null; true"], check=False,
+                   env=sb.ENV, capture_output=True)  # fmt: skip
+    for name, port, _key in stand_ins:
+        subprocess.run([*podman, "systemd-run", "--unit", f"bench-{name}", "python3", "/opt/bench/standin.py",
+                        str(port), f"/etc/vllm/{name}/api_key", str(args.upstream_ms)],
+                       check=True, env=sb.ENV, capture_output=True)  # fmt: skip
+    host_vars = {**sb.ssh_vars(details), **rig_vars(ports["upstream"], args.replicas),
+                 **gateway_vars(ports["gateway"], args.policy)}  # fmt: skip
     inventory = {"all": {"children": {"gateways": {"hosts": {HOST[0]: host_vars}},
                                       "gpu-rigs": {"hosts": {HOST[0]: {}}}}}}  # fmt: skip
     sb.write_json(workdir / "inventory.json", inventory)
@@ -236,7 +256,7 @@ def run_sandbox(args, workdir: Path) -> dict:
     if run.rc != 0:
         print(run.output[-4000:], file=sys.stderr)
         raise SystemExit("the gateway stage failed on bench-gw (see above)")
-    files = {"upstream_key": "/etc/vllm/echo/api_key", "client_key": "/opt/bench/client_key",
+    files = {"upstream_key": f"/etc/vllm/{stand_ins[0][0]}/api_key", "client_key": "/opt/bench/client_key",
              "ca": "/etc/rigops-llm-gateway/tls/ca.pem"}  # fmt: skip
     out = subprocess.run([*podman, "python3", "/opt/bench/load.py", json.dumps(spec(ports, files, args))],
                          check=True, capture_output=True, text=True, env=sb.ENV)  # fmt: skip
@@ -247,11 +267,18 @@ def run_sandbox(args, workdir: Path) -> dict:
 
 
 def free_port() -> int:
-    import socket
-
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 def run_local(args, workdir: Path) -> dict:
@@ -259,28 +286,38 @@ def run_local(args, workdir: Path) -> dict:
     if not Path(nginx).exists() or not Path("/usr/lib/nginx/modules/ngx_http_js_module.so").exists():
         raise SystemExit("--where local needs nginx and its njs module: apt-get install nginx libnginx-mod-http-js")
     ports = {"upstream": free_port(), "gateway": free_port()}
+    stand_ins = replicas(ports["upstream"], args.replicas)
+    if args.replicas > 1:  # consecutive ports from a free one: each checked
+        ports["upstream"] = next(p for p in range(20000, 60000, 16) if all(port_free(p + i) for i in range(16)))
+        stand_ins = replicas(ports["upstream"], args.replicas)
     etc = workdir / "etc"
     for folder in ("etc/staging", "etc/tls", "log", "state"):
         (workdir / folder).mkdir(parents=True, exist_ok=True)
-    (workdir / "upstream_key").write_text(UPSTREAM_KEY + "\n")
+    for name, _port, key in stand_ins:
+        (workdir / f"{name}_key").write_text(key + "\n")
     (workdir / "client_key").write_text(CLIENT_KEY + "\n")
     (workdir / "standin.py").write_text(STANDIN)
     (workdir / "load.py").write_text(LOAD)
-    upstream = subprocess.Popen([sys.executable, str(workdir / "standin.py"), str(ports["upstream"]),
-                                 str(workdir / "upstream_key"), str(args.upstream_ms)])  # fmt: skip
+    upstreams = [subprocess.Popen([sys.executable, str(workdir / "standin.py"), str(port),
+                                   str(workdir / f"{name}_key"), str(args.upstream_ms)])
+                 for name, port, _key in stand_ins]  # fmt: skip
     gateway_host = {
         "ansible_connection": "local", "ansible_python_interpreter": sys.executable,
         "llm_gateway_config_root": str(etc), "llm_gateway_log_dir": str(workdir / "log"),
         "llm_gateway_state_dir": str(workdir / "state"), "llm_gateway_pid_file": str(workdir / "nginx.pid"),
         "llm_gateway_tool_dir": str(sb.ROOT / "roles" / "llm_gateway" / "files"), "llm_gateway_nginx": nginx,
-        "llm_gateway_listen": ["127.0.0.1"], "vllm_service_keys": {"echo": UPSTREAM_KEY},
-        **rig_vars(ports["upstream"]), **gateway_vars(ports["gateway"]),
+        # a temporary folder is root's alone: the workers reach the pool's replica sockets there
+        "llm_gateway_worker_user": "root",
+        "llm_gateway_listen": ["127.0.0.1"], "vllm_service_keys": {name: key for name, _port, key in stand_ins},
+        **rig_vars(ports["upstream"], args.replicas), **gateway_vars(ports["gateway"], args.policy),
     }  # fmt: skip
     inventory = {"all": {"children": {"gateways": {"hosts": {"gw": gateway_host}}, "gpu-rigs": {"hosts": {"gw": {}}}}}}
     (workdir / "inventory.yml").write_text(yaml.safe_dump(inventory))
     play = [{"name": "llm_gateway preflight and configure", "hosts": "gateways", "gather_facts": False, "tasks": [
-        {"name": "Preflight", "ansible.builtin.import_role": {"name": "llm_gateway", "tasks_from": "preflight"}},
-        {"name": "Configure", "ansible.builtin.import_role": {"name": "llm_gateway", "tasks_from": "configure"}},
+        {"name": "Preflight",
+         "ansible.builtin.import_role": {"name": "rigops.fleet.llm_gateway", "tasks_from": "preflight"}},
+        {"name": "Configure",
+         "ansible.builtin.import_role": {"name": "rigops.fleet.llm_gateway", "tasks_from": "configure"}},
     ]}]  # fmt: skip
     (workdir / "play.yml").write_text(yaml.safe_dump(play))
     tool = sb.ROOT / "roles" / "llm_gateway" / "files" / "rigops-llm-gateway-config"
@@ -293,15 +330,16 @@ def run_local(args, workdir: Path) -> dict:
         subprocess.run([str(tool), "promote", str(etc)], check=True)
         subprocess.run([nginx, "-c", str(conf)], check=True)
         time.sleep(0.5)
-        files = {"upstream_key": str(workdir / "upstream_key"), "client_key": str(workdir / "client_key"),
+        files = {"upstream_key": str(workdir / f"{stand_ins[0][0]}_key"), "client_key": str(workdir / "client_key"),
                  "ca": str(etc / "tls" / "ca.pem")}  # fmt: skip
         out = subprocess.run([sys.executable, str(workdir / "load.py"), json.dumps(spec(ports, files, args))],
                              check=True, capture_output=True, text=True)  # fmt: skip
         return json.loads(out.stdout)
     finally:
         subprocess.run([nginx, "-c", str(conf), "-s", "quit"], check=False, capture_output=True)
-        upstream.terminate()
-        upstream.wait(timeout=10)
+        for upstream in upstreams:
+            upstream.terminate()
+            upstream.wait(timeout=10)
         deadline = time.time() + 10
         while (workdir / "nginx.pid").exists() and time.time() < deadline:
             time.sleep(0.1)
@@ -319,6 +357,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0.0,
         help="the stand-in's service time per request (default 0: the gateway's own cost alone)",
     )
+    parser.add_argument("--replicas", type=int, default=1, help="stand-ins serving the name: 2 or more, a pool")
+    parser.add_argument("--policy", default="session", choices=["session", "least_busy", "round_robin", "failover"],
+                        help="the pool's policy with --replicas 2 or more (default session)")  # fmt: skip
     parser.add_argument("--down", action="store_true", help="remove the sandbox host at the end")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args(argv)
@@ -328,6 +369,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--concurrency {exc}")
     if args.seconds <= 0:
         parser.error("--seconds must be positive")
+    if not 1 <= args.replicas <= 16:
+        parser.error("--replicas must be 1 to 16")
     return args
 
 

@@ -5,11 +5,12 @@
 
 Two sandbox rigs (bench-mt-1 and bench-mt-2, 8x RTX 5090 profile, from the `runtime` stage
 snapshot, SSH ports 2421-2422) serve the same model (the sandbox rig's instance `chat`) behind a
-gateway on a host of its own (bench-mt-gw, no GPU, port 2423): a name served by two rigs goes to
-the first and falls back to the second. The main job (site.yml) runs on the three of them with the
-driver branch 590 (not timed). Then, with a closed-loop client at concurrency 4 sending chat
-completions through the gateway for the whole time (from the gateway host itself: the load and
-nginx share its container, as in `./rigops measure gateway`):
+gateway on a host of its own (bench-mt-gw, no GPU, port 2423): a name served by two rigs is a pool
+of two replicas (policy session), and a rig drained for its maintenance leaves it. The main job
+(site.yml) runs on the three of them with the driver branch 590 (not timed). Then, with a
+closed-loop client at concurrency 4 sending chat completions through the gateway for the whole
+time (from the gateway host itself: the load and nginx share its container, as in
+`./rigops measure gateway`):
 
 - `./rigops maintain --change driver -e nvidia_driver_branch=595` on both rigs, one after the other
   (the branch change loads a new module: each rig reboots);

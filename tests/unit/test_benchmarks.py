@@ -37,6 +37,8 @@ vllm_runtime = _load("vllm_runtime", "bench_vllm_runtime")
 rollout_bench = _load("rollout", "bench_rollout")
 cpu_by_command = _load("cpu_by_command", "bench_cpu_by_command")
 maintain_bench = _load("maintain", "bench_maintain")
+pools_bench = _load("pools", "bench_pools")
+gateway_bench = _load("gateway", "bench_gateway")
 
 
 def details(n: int, port: int = 2381, prefix: str = "bench-cc-") -> list[dict]:
@@ -232,6 +234,8 @@ def test_main_job_inventory_serves_what_rig_5090_serves():
         "gateway",
         "rollout",
         "maintain",
+        "pools",
+        "demo",
     ],
 )
 def test_each_benchmark_runs_as_a_script(name):
@@ -710,3 +714,55 @@ def test_maintain_inventory_two_rigs_one_gateway():
     loopback = dict(rig, vllm_instances=[{k: v for k, v in i.items() if k != "host"} for i in rig["vllm_instances"]])
     (entry,) = gw.backends(["bench-mt-1"], {"bench-mt-1": loopback}, "bench-mt-gw", addresses)
     assert "binds 127.0.0.1" in entry["instances"][0]["problem"]
+
+
+# --------------------------------------------------------------------------- pools and the gateway's replicas
+
+METRICS = """# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="qwen3.5-9b"} 5120.0
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{engine="0",model_name="qwen3.5-9b"} 4608.0
+vllm:request_success_total{engine="0",finished_reason="stop",model_name="qwen3.5-9b"} 3.0
+vllm:request_success_total{engine="0",finished_reason="length",model_name="qwen3.5-9b"} 9.0
+vllm:request_success_created{engine="0",finished_reason="stop",model_name="qwen3.5-9b"} 1.7e+09
+"""
+
+
+def test_pools_reads_each_replicas_counters_and_its_inventory_pools_them(monkeypatch):
+    monkeypatch.setattr(sb, "podman_exec", lambda container, *argv, check=False: METRICS)
+    assert pools_bench.metrics("rigops-bench-pl") == {
+        n: {"queries": 5120.0, "hits": 4608.0, "requests": 12.0} for n in pools_bench.REPLICAS
+    }
+    (rig,) = details(1, 2431, "bench-pl")
+    inv = pools_bench.inventory(dict(rig, instance="bench-pl"))
+    rig_vars = {**inv["gpu-rigs"]["hosts"]["bench-pl"], **inv["gpu-rigs"]["vars"]}
+    assert list(inv["gateways"]["hosts"]) == ["bench-pl"]
+    from ansible_collections.rigops.fleet.plugins.filter import llm_gateway as gw  # noqa: PLC0415
+
+    (entry,) = gw.backends(["bench-pl"], {"bench-pl": rig_vars}, "bench-pl")
+    spec = {"backends": [entry], "keys_present": [i["ref"] for i in entry["instances"]], "gateway_port": 8443}
+    (pool,) = gw.table(spec)["pools"]
+    assert pool["refs"] == ["bench-pl/a", "bench-pl/b"] and pool["policy"] == "session"
+    assert pools_bench.HOST[2] not in {2421, 2422, 2423, 2389}
+
+
+def test_pools_arguments_and_table():
+    args = pools_bench.parse_args(["--policies", "session,least_busy", "--sessions", "2"])
+    assert args.policies == ["session", "least_busy"] and args.sessions == 2 and args.turns == 12
+    with pytest.raises(SystemExit):
+        pools_bench.parse_args(["--policies", "random"])
+    row = {"policy": "session", "hit_rate": 0.9, "per_replica": {"a": 20, "b": 28}, "ttft_p50_ms": 40.0,
+           "ttft_p90_ms": 90.0, "output_tokens_per_s": 55.5, "failed": 0, "wall_s": 12.0}  # fmt: skip
+    text = pools_bench.format_figures({"sessions": 8, "turns": 8, "policies": [row]})
+    assert "session" in text and "20/28" in text and "0.9" in text
+
+
+def test_gateway_bench_replicas_each_with_a_key_and_a_port():
+    assert gateway_bench.replicas(18001, 1) == [("echo", 18001, gateway_bench.UPSTREAM_KEY)]
+    two = gateway_bench.replicas(18001, 2)
+    assert [(n, p) for n, p, _k in two] == [("echo-1", 18001), ("echo-2", 18002)]
+    assert len({k for _n, _p, k in two}) == 2
+    served = {i["model"]["served_name"] for i in gateway_bench.rig_vars(18001, 2)["vllm_instances"]}
+    assert served == {gateway_bench.MODEL}
+    assert gateway_bench.gateway_vars(8443, "round_robin")["llm_gateway_default_policy"] == "round_robin"
