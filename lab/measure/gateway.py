@@ -285,13 +285,12 @@ def run_local(args, workdir: Path) -> dict:
     nginx = shutil.which("nginx") or "/usr/sbin/nginx"
     if not Path(nginx).exists() or not Path("/usr/lib/nginx/modules/ngx_http_js_module.so").exists():
         raise SystemExit("--where local needs nginx and its njs module: apt-get install nginx libnginx-mod-http-js")
-    ports = {"upstream": free_port(), "gateway": free_port()}
-    stand_ins = replicas(ports["upstream"], args.replicas)
-    if args.replicas > 1:  # consecutive ports from a free one: each checked
-        ports["upstream"] = next(p for p in range(20000, 60000, 16) if all(port_free(p + i) for i in range(16)))
-        stand_ins = replicas(ports["upstream"], args.replicas)
+    # the stand-ins on consecutive ports (replicas()), each checked free
+    first = next(p for p in range(20000, 60000, 16) if all(port_free(p + i) for i in range(args.replicas)))
+    ports = {"upstream": first, "gateway": free_port()}
+    stand_ins = replicas(first, args.replicas)
     etc = workdir / "etc"
-    for folder in ("etc/staging", "etc/tls", "log", "state"):
+    for folder in ("etc/staging", "etc/tls", "log", "state", "state/replicas"):
         (workdir / folder).mkdir(parents=True, exist_ok=True)
     for name, _port, key in stand_ins:
         (workdir / f"{name}_key").write_text(key + "\n")

@@ -694,7 +694,7 @@ def table(spec):
                     "id": pool_ids[key],
                     "policy": policy,
                     "balancer": POLICIES[policy],
-                    "members": [m["id"] for m in members],
+                    "upstreams": [m["id"] for m in members],
                     "refs": list(refs),
                     "label": f"{policy}:" + "+".join(refs),
                 }
@@ -714,73 +714,36 @@ def table(spec):
                 steps += [[target] for target in group]
         hops = []
 
-        def hop(target, last, nxt, solo_of=None):
-            tkind, ref, model = target
-            up = upstream(tkind, ref)
-            up["single" if last else "benchable"] = True
-            hops.append(
-                {
-                    "id": f"{rid}_{len(hops)}",
-                    "pos": len(hops),
-                    "upstream": up["id"] + ("" if last else "b"),
-                    "upstream_ref": up["ref"],
-                    "refs": [up["ref"]],
-                    "kind": up["kind"],
-                    "pool": None,
-                    "members": [],
-                    "solo": None,
-                    "solo_of": solo_of,
-                    "base_path": up["base_path"],
-                    "model": model,
-                    "rewrite": model != name,
-                    "label": up["label"],
-                    "last": last,
-                    "next": nxt,
-                }
-            )
-            return hops[-1]
+        def hop(step, last, nxt, solo_of=None):
+            """A hop to one upstream, or (a step of several targets) to their pool."""
+            model = step[0][2]
+            entry = {"id": f"{rid}_{len(hops)}", "pos": len(hops), "model": model, "rewrite": model != name,
+                     "last": last, "next": nxt, "pool": None, "solo": None, "solo_of": solo_of}  # fmt: skip
+            if len(step) > 1:
+                p = pool(policy, [ref for _kind, ref, _model in step])
+                entry.update(upstream=p["id"], refs=list(p["refs"]), kind="pool", pool=p["id"], base_path="",
+                             label=p["label"])  # fmt: skip
+            else:
+                up = upstream(step[0][0], step[0][1])
+                up["single" if last else "benchable"] = True
+                entry.update(upstream=up["id"] + ("" if last else "b"), refs=[up["ref"]], kind=up["kind"],
+                             base_path=up["base_path"], label=up["label"])  # fmt: skip
+            hops.append(entry)
+            return entry
 
         # the chain clients' requests go down: one hop per step, ids in order (the next hop's id is known)
-        chain = []
-        for index, step in enumerate(steps):
-            last = index == len(steps) - 1
-            nxt = None if last else f"{rid}_{index + 1}"
-            if len(step) == 1:
-                chain.append(hop(step[0], last, nxt))
-                continue
-            p = pool(policy, [ref for _kind, ref, _model in step])
-            model = step[0][2]
-            hops.append(
-                {
-                    "id": f"{rid}_{len(hops)}",
-                    "pos": len(hops),
-                    "upstream": p["id"],
-                    "upstream_ref": None,
-                    "refs": list(p["refs"]),
-                    "kind": "pool",
-                    "pool": p["id"],
-                    "members": list(p["refs"]),
-                    "solo": None,
-                    "solo_of": None,
-                    "base_path": "",
-                    "model": model,
-                    "rewrite": model != name,
-                    "label": p["label"],
-                    "last": last,
-                    "next": nxt,
-                }
-            )
-            chain.append(hops[-1])
+        chain = [
+            hop(step, index == len(steps) - 1, None if index == len(steps) - 1 else f"{rid}_{index + 1}")
+            for index, step in enumerate(steps)
+        ]
         # behind each pool, its replicas one by one, then on to what follows the pool
         for step_hop, step in zip(chain, steps, strict=True):
-            if step_hop["kind"] != "pool":
-                continue
-            first = len(hops)
-            for index, target in enumerate(step):
-                last_solo = index == len(step) - 1
-                nxt = step_hop["next"] if last_solo else f"{rid}_{first + index + 1}"
-                hop(target, step_hop["last"] and last_solo, nxt, solo_of=step_hop["id"])
-            step_hop["solo"] = f"{rid}_{first}"
+            if step_hop["pool"]:
+                step_hop["solo"] = f"{rid}_{len(hops)}"
+                for index, target in enumerate(step):
+                    last_solo = index == len(step) - 1
+                    nxt = step_hop["next"] if last_solo else f"{rid}_{len(hops) + 1}"
+                    hop([target], step_hop["last"] and last_solo, nxt, solo_of=step_hop["id"])
         routes.append({"id": rid, "name": name, "kind": kind, "policy": policy, "hops": hops})
 
     for name in direct:
@@ -853,7 +816,7 @@ def js_table(tbl):
         "hops": {
             h["id"]: dict(
                 {"model": h["model"], "label": h["label"], "next": h["next"] or ""},
-                **({"members": h["members"], "solo": h["solo"]} if h.get("pool") else {}),
+                **({"replicas": h["refs"], "solo": h["solo"]} if h.get("pool") else {}),
             )
             for r in tbl["routes"]
             for h in r["hops"]

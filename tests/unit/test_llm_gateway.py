@@ -135,7 +135,7 @@ def test_a_name_served_twice_is_a_pool_with_its_replicas_behind_it():
         ("r0_1", "local", "u0b", "r0_2", False, None, "r0_0"),
         ("r0_2", "local", "u1", None, True, None, "r0_0"),
     ]
-    assert tiny[0]["members"] == tiny[0]["refs"] == ["rig-a/alpha", "rig-b/alpha"]
+    assert tiny[0]["refs"] == ["rig-a/alpha", "rig-b/alpha"]
     assert routes["tiny-a"]["policy"] == "session" and routes["chat"]["policy"] == "least_busy"
     chat = routes["chat"]["hops"]
     assert [(h["label"], h["model"], h["next"]) for h in chat] == [
@@ -147,7 +147,7 @@ def test_a_name_served_twice_is_a_pool_with_its_replicas_behind_it():
     ]
     assert all(h["rewrite"] for h in chat) and chat[0]["solo"] == "r3_3"
     pools = {p["id"]: p for p in table["pools"]}
-    assert {p: (v["policy"], v["balancer"], v["members"]) for p, v in pools.items()} == {
+    assert {p: (v["policy"], v["balancer"], v["upstreams"]) for p, v in pools.items()} == {
         "p0": ("session", "hash $llm_session consistent", ["u0", "u1"]),
         "p1": ("least_busy", "least_conn", ["u0", "u1"]),
     }
@@ -156,8 +156,8 @@ def test_a_name_served_twice_is_a_pool_with_its_replicas_behind_it():
     assert ups["rig-a/alpha"]["pooled"] and ups["rig-a/alpha"]["single"] and not ups["rig-a/beta"]["pooled"]
     js = json.loads(gw.js_table(table))
     assert js["hops"]["r0_0"] == {"model": "tiny-a", "label": "session:rig-a/alpha+rig-b/alpha", "next": "",
-                                  "members": ["rig-a/alpha", "rig-b/alpha"], "solo": "r0_1"}  # fmt: skip
-    assert "members" not in js["hops"]["r0_1"]
+                                  "replicas": ["rig-a/alpha", "rig-b/alpha"], "solo": "r0_1"}  # fmt: skip
+    assert "replicas" not in js["hops"]["r0_1"]
     summary = gw.summary(table, "https://gw:8443/v1")
     assert summary["routes"]["tiny-a"] == ["session:rig-a/alpha+rig-b/alpha"]
     assert summary["policies"] == {"tiny-a": "session", "chat": "least_busy"}
@@ -665,6 +665,7 @@ PLAY = [
                     "{{ llm_gateway_config_root }}/tls",
                     "{{ llm_gateway_log_dir }}",
                     "{{ llm_gateway_state_dir }}",
+                    "{{ llm_gateway_state_dir }}/replicas",
                 ],  # fmt: skip
             },
             {
@@ -1256,7 +1257,9 @@ def test_a_pool_keeps_each_conversation_on_one_replica_and_spreads_them(gateway)
         assert last["Authorization"] == f"Bearer {gateway.up[n].key}" and "X-Api-Key" not in last
     # the access log names the pool; the replica it took is nginx's $upstream_addr (its socket)
     entry = [e for e in gateway.log() if e["model"] == "tiny-p"][-1]
-    assert entry["target"] == "session:rig-b/p1+rig-b/p2+rig-b/p3" and "replica-u" in entry["upstream"], entry
+    assert entry["target"] == "session:rig-b/p1+rig-b/p2+rig-b/p3" and "/replicas/u" in entry["upstream"], entry
+    # one socket per replica, in the folder the role's install makes for them (its mode: molecule/vllm_service)
+    assert len(list((gateway.tmp / "state" / "replicas").glob("u*.sock"))) == len(REPLICAS)
 
 
 @needs_nginx

@@ -113,6 +113,11 @@ def test_gateway_service_files_and_modes(host):
     assert f"ExecReload=/usr/sbin/nginx -t -q -c {ETC}/live/nginx.conf\nExecReload=/bin/kill -s HUP $MAINPID" in unit
     tool = host.file("/usr/local/lib/rigops-llm-gateway/rigops-llm-gateway-config")
     assert (tool.user, tool.group, tool.mode) == ("root", "root", 0o755)
+    # a pool's replica sockets (none here) hand on requests with the replica's key: the workers' folder alone,
+    # and the unit clears the ones an nginx killed outright left behind
+    replicas = host.file("/var/lib/rigops-llm-gateway/replicas")
+    assert (replicas.is_directory, replicas.user, replicas.mode) == (True, "www-data", 0o700)
+    assert "ExecStartPre=/bin/sh -c 'rm -f /var/lib/rigops-llm-gateway/replicas/*.sock'" in unit
     # every worker may hold its 4096 connections (systemd's default soft limit is 1024 open files)
     worker = host.check_output("pgrep -f 'nginx: worker process' | head -n 1")
     limits = host.check_output(f"grep 'Max open files' /proc/{worker}/limits").split()
