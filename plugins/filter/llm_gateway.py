@@ -74,7 +74,7 @@ RATE_RE = re.compile(r"\A([1-9][0-9]{0,6})r/([sm])\Z")
 CLIENT_KEY_MIN = 32
 REMOTE_KEY_MIN = 16
 KEY_MAX = 512
-CLIENT_KEYS = ("name", "key", "models", "rate", "burst")
+CLIENT_KEYS = ("name", "key", "models", "rate", "burst", "tokens_per_day")
 REMOTE_KEYS = ("name", "base_url", "key", "models", "allow_http", "ca_file")
 REMOTE_PREFIX = "remote:"
 # How a pool (several instances serving one name) spreads requests, and the nginx directive that does it:
@@ -465,6 +465,12 @@ def _client_problems(clients, known, health):
         burst = client.get("burst")
         if burst is not None and (not isinstance(burst, int) or isinstance(burst, bool) or burst < 0):
             out.append(f"{where}: burst {burst!r} must be a whole number >= 0")
+        budget = client.get("tokens_per_day")
+        if budget is not None and (not isinstance(budget, int) or isinstance(budget, bool) or budget < 1):
+            out.append(
+                f"{where}: tokens_per_day {budget!r} must be a whole number >= 1 (the key's budget of prompt and "
+                "completion tokens a day), or left out for none"
+            )
     return out
 
 
@@ -790,7 +796,8 @@ def table(spec):
                 "zone": zone_ids[(rate, burst)],
             }
         )
-    positions = sorted({h["pos"] for r in routes for h in r["hops"] if h["rewrite"]})
+    # every hop sets the body it sends (gateway.js rewrite: the hop's model, a stream's usage asked for)
+    positions = sorted({h["pos"] for r in routes for h in r["hops"]})
     return {
         "upstreams": upstreams,
         "pools": pools,
@@ -799,6 +806,8 @@ def table(spec):
         "clients": clients,
         "zones": zones,
         "rewrite_positions": positions,
+        # the clients' budgets, tokens a day (rigops-llm-gateway-usage's config)
+        "budgets": {c["name"]: c["tokens_per_day"] for c in entries if c.get("tokens_per_day")},
     }
 
 

@@ -8,7 +8,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-HOST_CODE = sorted([*(ROOT / "plugins" / "module_utils").glob("*.py"), *(ROOT / "plugins" / "modules").glob("*.py")])
+# and the roles' Python scripts that run as services or tools on the hosts (roles/*/files, python3 shebang)
+SHEBANG = b"#!/usr/bin/python3"
+SCRIPTS = [p for p in (ROOT / "roles").glob("*/files/*") if p.is_file() and p.read_bytes().startswith(SHEBANG)]
+HOST_CODE = sorted(
+    [*(ROOT / "plugins" / "module_utils").glob("*.py"), *(ROOT / "plugins" / "modules").glob("*.py"), *SCRIPTS]
+)
 
 
 @pytest.mark.parametrize("path", HOST_CODE, ids=lambda p: f"{p.parent.name}/{p.name}")

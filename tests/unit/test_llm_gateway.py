@@ -58,6 +58,7 @@ CLIENTS = {
     "dev": "dev-client-key-0123456789abcdef0123456789abcdef",
     "limited": "limited-client-key-0123456789abcdef0123456789",
     "slow": "slow-client-key-0123456789abcdef0123456789abcd",
+    "capped": "capped-client-key-0123456789abcdef0123456789ab",
 }
 PROMPT = "a prompt the access log must never hold"
 
@@ -443,6 +444,7 @@ class Upstream:
         self.key, self.model, self.tls, self.delay = key, model, tls, delay
         self.fail_with = None  # a status every POST answers, as a sick vLLM's 500
         self.seen = []
+        self.usage = []  # (prompt, completion) tokens of each answer, as vLLM reports them
         self.server = None
         self.port = 0
         self._conns = set()
@@ -501,25 +503,46 @@ class Upstream:
                     name = body.get("model") if isinstance(body, dict) else None
                     return self._json(404, {"error": {"message": f"The model `{name}` does not exist.", "code": 404}})
                 path = self.path.split("?")[0]
+                # tokens as a tokenizer would count them: one per word of the body, one per streamed piece
+                prompt = len(raw.split()) + 3
                 if path == "/v1/messages":
+                    outer.usage.append((prompt, 1))
                     return self._json(200, {"type": "message", "model": outer.model, "role": "assistant",
-                                            "content": [{"type": "text", "text": "hi"}]})  # fmt: skip
+                                            "content": [{"type": "text", "text": "hi"}],
+                                            "usage": {"input_tokens": prompt, "output_tokens": 1}})  # fmt: skip
                 if path == "/v1/embeddings":
-                    return self._json(200, {"object": "list", "model": outer.model, "data": [{"embedding": [0.1]}]})
+                    outer.usage.append((prompt, 0))
+                    return self._json(200, {"object": "list", "model": outer.model, "data": [{"embedding": [0.1]}],
+                                            "usage": {"prompt_tokens": prompt, "total_tokens": prompt}})  # fmt: skip
                 if not body.get("stream"):
+                    outer.usage.append((prompt, 1))
                     choice = {"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": "hi"}}
-                    return self._json(200, {"object": "chat.completion", "model": outer.model, "choices": [choice]})
+                    usage = {"prompt_tokens": prompt, "completion_tokens": 1, "total_tokens": prompt + 1}
+                    return self._json(200, {"object": "chat.completion", "model": outer.model, "choices": [choice],
+                                            "usage": usage})  # fmt: skip
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
+
+                def send(data):
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+                    self.wfile.flush()
+
                 events = [{"model": outer.model, "choices": [{"index": 0, "delta": {"content": f"t{i}"}}]} for i in
                           range(3)]  # fmt: skip
                 for event in events:
-                    chunk = f"data: {json.dumps(event)}\n\n".encode()
-                    self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-                    self.wfile.flush()
+                    send(f"data: {json.dumps(event)}\n\n".encode())
                     time.sleep(outer.delay)
+                if (body.get("stream_options") or {}).get("include_usage"):
+                    # vLLM's last chunk: no choices, the usage; sent in two pieces, as a network may cut it
+                    outer.usage.append((prompt, len(events)))
+                    usage = {"prompt_tokens": prompt, "completion_tokens": len(events),
+                             "total_tokens": prompt + len(events)}  # fmt: skip
+                    chunk = f"data: {json.dumps({'model': outer.model, 'choices': [], 'usage': usage})}\n\n".encode()
+                    send(chunk[:20])
+                    time.sleep(0.05)
+                    send(chunk[20:])
                 chunk = b"data: [DONE]\n\n"
                 self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(chunk), chunk))
 
@@ -595,6 +618,8 @@ def inventory(tmp, ports, up, certs):
             {"name": "dev", "key": CLIENTS["dev"], "models": "*", "rate": "1000r/s", "burst": 1000},
             {"name": "limited", "key": CLIENTS["limited"], "models": ["tiny-a", "chat"], "rate": "1000r/s"},
             {"name": "slow", "key": CLIENTS["slow"], "models": "*", "rate": "1r/s", "burst": 1},
+            # a budget the usage test spends
+            {"name": "capped", "key": CLIENTS["capped"], "models": "*", "rate": "1000r/s", "tokens_per_day": 60},
         ],
         # the gateway is also a "rig": its instance is reached on loopback
         "vllm_instances": [
@@ -666,6 +691,7 @@ PLAY = [
                     "{{ llm_gateway_log_dir }}",
                     "{{ llm_gateway_state_dir }}",
                     "{{ llm_gateway_state_dir }}/replicas",
+                    "{{ llm_gateway_state_dir }}/usage",
                 ],  # fmt: skip
             },
             {
@@ -1060,17 +1086,20 @@ def test_preflight_refuses_with_the_fix_and_never_the_key(gateway, tmp_path):
     inv = copy.deepcopy(gateway.inv)
     host = inv["all"]["children"]["gateways"]["hosts"]["gw"]
     host["llm_gateway_config_root"] = str(tmp_path / "etc")
-    host["llm_gateway_clients"].append({"name": "eve", "key": "short-secret-value", "models": ["tiny-z"]})
+    host["llm_gateway_clients"].append(
+        {"name": "eve", "key": "short-secret-value", "models": ["tiny-z"], "tokens_per_day": 0}
+    )
     host["llm_gateway_aliases"]["broken"] = ["tiny-a", "remote:gone"]
     inv["all"]["children"]["gpu-rigs"]["hosts"]["rig-b"]["vllm_instances"][0]["host"] = "127.0.0.1"
     rc, out = playbook(tmp_path, inv)
     assert rc != 0
     flat = " ".join(out.split())
-    assert "llm_gateway preflight refused (4 problem(s))" in flat, out[-3000:]
+    assert "llm_gateway preflight refused (5 problem(s))" in flat, out[-3000:]
     for words in (
         "rig-b/beta (tiny-b) binds 127.0.0.1: the gateway on gw cannot reach it on another host",
-        "llm_gateway_clients[3] (eve): key is shorter than 32 characters",
-        "llm_gateway_clients[3] (eve): model 'tiny-z' is unknown to the gateway",
+        "llm_gateway_clients[4] (eve): key is shorter than 32 characters",
+        "llm_gateway_clients[4] (eve): model 'tiny-z' is unknown to the gateway",
+        "llm_gateway_clients[4] (eve): tokens_per_day 0 must be a whole number >= 1",
         "llm_gateway_aliases['broken']: 'remote:gone': no remote lists the model 'gone'",
     ):
         assert words in flat, words
@@ -1328,6 +1357,121 @@ def test_a_replica_the_health_feed_drained_leaves_its_pool(gateway):
     finally:
         drained.unlink()
     assert len({turn(gateway, session, 1)[1] for session in range(12)}) > 1
+
+
+# --------------------------------------------------------------------------- usage per client and budgets
+
+USAGE_SCRIPT = ROLE / "files" / "rigops-llm-gateway-usage"
+
+
+def usage_service(gateway, tmp):
+    """rigops-llm-gateway-usage laid out as the role installs it, with its config for this gateway (the usage
+    folder nginx writes, the budgets of the inventory as the table gives them)."""
+    home = tmp / "usage-service"
+    package = home / "ansible_collections/rigops/fleet/plugins/module_utils"
+    package.mkdir(parents=True)
+    shutil.copy(USAGE_SCRIPT, home / USAGE_SCRIPT.name)
+    for name in ("llm_gateway_usage", "state_file"):
+        shutil.copy(ROOT / f"plugins/module_utils/{name}.py", package / f"{name}.py")
+    folder = gateway.tmp / "state" / "usage"
+    budgets = {c["name"]: c["tokens_per_day"] for c in
+               gateway.inv["all"]["children"]["gateways"]["hosts"]["gw"]["llm_gateway_clients"]
+               if c.get("tokens_per_day")}  # fmt: skip
+    config = {"interval": 1, "keep_days": 30, "usage_dir": str(folder), "spent_file": str(folder / "spent.json"),
+              "textfile": str(home / "usage.prom"), "budgets": budgets}  # fmt: skip
+    (home / "usage.json").write_text(json.dumps(config))
+
+    def run(*args):
+        res = subprocess.run([sys.executable, str(home / USAGE_SCRIPT.name), *args, "--config",
+                              str(home / "usage.json")], capture_output=True, text=True, check=False,
+                             env={"PATH": os.environ["PATH"]})  # fmt: skip
+        assert res.returncode == 0, res.stderr
+        return res.stdout
+
+    return home, folder, run
+
+
+def usage_today(run):
+    rows = json.loads(run("report", "--json"))["rows"]
+    return {(r["client"], r["model"]): r for r in rows}
+
+
+@needs_nginx
+def test_usage_of_plain_and_streamed_answers_is_counted_exactly(gateway, tmp_path):
+    home, folder, run = usage_service(gateway, tmp_path)
+    run("once")
+    before = usage_today(run)
+    alpha = gateway.up["alpha"]
+    alpha.usage.clear()
+    key = CLIENTS["limited"]
+    assert gateway.chat("tiny-a", key=key)[1]["usage"]["completion_tokens"] == 1
+    message = {"model": "tiny-a", "max_tokens": 4, "messages": [{"role": "user", "content": "hello there"}]}
+    assert gateway.call("/v1/messages", key, message)[1]["usage"]["output_tokens"] == 1
+    chat = {"model": "chat", "stream": True, "messages": [{"role": "user", "content": "a b c"}]}
+    # a stream whose client did not ask for usage: the gateway asked, counted it, and took the chunk out
+    status, lines = gateway.call("/v1/chat/completions", key, chat, stream=True)
+    events = [raw.decode().strip()[5:].strip() for raw in lines if raw.decode().startswith("data:")]
+    assert status == 200 and events[-1] == "[DONE]" and len(events) == 4
+    assert not any('"usage"' in e for e in events), events
+    assert alpha.seen[-1]["body"]["stream_options"] == {"include_usage": True}
+    # a stream whose client asked: its usage chunk reaches it whole (sent in two pieces by the upstream)
+    asked = dict(chat, stream_options={"include_usage": True})
+    status, lines = gateway.call("/v1/chat/completions", key, asked, stream=True)
+    events = [raw.decode().strip()[5:].strip() for raw in lines if raw.decode().startswith("data:")]
+    assert status == 200 and len(events) == 5 and json.loads(events[-2])["usage"]["completion_tokens"] == 3
+    # nginx writes each line as the request ends; the service sums them
+    run("once")
+    after = usage_today(run)
+    sent = {"tiny-a": alpha.usage[:2], "chat": alpha.usage[2:]}
+    assert len(alpha.usage) == 4
+    for model, answers in sent.items():
+        old = before.get(("limited", model), {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0})
+        new = after[("limited", model)]
+        assert new["requests"] - old["requests"] == 2, (model, new, old)
+        assert new["prompt_tokens"] - old["prompt_tokens"] == sum(p for p, _ in answers), (model, new, old)
+        assert new["completion_tokens"] - old["completion_tokens"] == sum(c for _, c in answers), (model, new)
+    # the day's log holds no key, no prompt; the counters and the table name the client
+    day = next(folder.glob("*.jsonl")).read_text()
+    for secret in [PROMPT, "hello there", *CLIENTS.values(), *KEYS.values()]:
+        assert secret not in day
+    prom = (home / "usage.prom").read_text()
+    total = after[("limited", "chat")]["completion_tokens"]
+    assert f'rigops_llm_gateway_completion_tokens_total{{client="limited",model="chat"}} {total}' in prom
+    assert 'rigops_llm_gateway_budget_tokens{client="capped"} 60' in prom
+    table = run("report", "--since", "1")
+    assert re.search(r"^limited\s+chat\s+\d+", table, re.M), table
+    # a second round reads nothing twice
+    run("once")
+    assert usage_today(run) == after
+
+
+@needs_nginx
+def test_a_spent_budget_is_429_until_the_day_ends_and_through_a_reload(gateway, tmp_path):
+    home, folder, run = usage_service(gateway, tmp_path)
+    key = CLIENTS["capped"]
+    for _ in range(4):  # each asks for more than 15 prompt tokens: 60 a day are spent
+        assert gateway.chat("tiny-a", key=key)[0] == 200
+    run("once")
+    spent = json.loads((folder / "spent.json").read_text())
+    assert spent["spent"]["capped"]["budget"] == 60 and spent["spent"]["capped"]["used"] >= 60
+    status, headers, payload = gateway.client("POST", "/v1/chat/completions", body={"model": "tiny-a", "messages": []},
+                                              headers={"Authorization": f"Bearer {key}"})  # fmt: skip
+    body = json.loads(payload)
+    assert status == 429 and body["error"]["type"] == "insufficient_quota", body
+    assert "60 tokens a day, is spent" in body["error"]["message"] and spent["resets_at"] in body["error"]["message"]
+    retry = int({k.lower(): v for k, v in headers.items()}["retry-after"])
+    assert 0 < retry <= 86400
+    status, body = gateway.call("/v1/messages", body=MESSAGE, headers={"x-api-key": key})
+    assert status == 429 and body["type"] == "error" and body["error"]["type"] == "rate_limit_error", body
+    assert gateway.chat("tiny-a")[0] == 200  # another key is not touched
+    # nginx reloaded: the budget still holds (it is a file)
+    assert gateway.nginx("-s", "reload").returncode == 0
+    time.sleep(1)
+    assert gateway.chat("tiny-a", key=key)[0] == 429
+    # a spent file of a day that ended refuses nobody (the service stopped before it wrote the new day's)
+    (folder / "spent.json").write_text(json.dumps(dict(spent, until=int(time.time()) - 1)))
+    assert gateway.chat("tiny-a", key=key)[0] == 200
+    (folder / "spent.json").write_text(json.dumps(dict(spent, spent={})))
 
 
 def test_the_config_sets_tool(tmp_path):

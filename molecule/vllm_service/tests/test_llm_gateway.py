@@ -16,6 +16,7 @@ change that fails the gate, a revoked client) run last.
 import json
 import os
 import re
+import subprocess
 import time
 from pathlib import Path
 
@@ -288,6 +289,98 @@ def chat_model(host, key, name):
     status, body = curl(host, "/v1/chat/completions", key, {"model": name, "max_tokens": 2,
                         "messages": [{"role": "user", "content": "hi"}]})  # fmt: skip
     return status, (json.loads(body).get("model") if status == 200 else json.loads(body)["error"]["type"])
+
+
+USAGE = """
+import json, sys, time, urllib.request, openai
+key = open(sys.argv[1]).read().strip()
+def vllm():
+    text = urllib.request.urlopen("http://127.0.0.1:8001/metrics", timeout=10).read().decode()
+    out = {}
+    for name in ("vllm:prompt_tokens_total", "vllm:generation_tokens_total"):
+        out[name] = sum(float(l.rsplit(" ", 1)[1]) for l in text.splitlines() if l.startswith(name + "{"))
+    return out
+c = openai.OpenAI(base_url="https://127.0.0.1:2461/v1", api_key=key)
+hi = [{"role": "user", "content": "count to three"}]
+before = vllm()
+r = c.chat.completions.create(model="tiny-a", messages=hi, max_tokens=6)
+plain = [r.usage.prompt_tokens, r.usage.completion_tokens]
+chunks = list(c.chat.completions.create(model="tiny-a", messages=hi, max_tokens=5, stream=True))
+unasked = [ch.usage is not None or not ch.choices for ch in chunks]
+chunks = list(c.chat.completions.create(model="tiny-a", messages=hi, max_tokens=4, stream=True,
+                                        stream_options={"include_usage": True}))
+asked = chunks[-1].usage.completion_tokens if chunks[-1].usage else None
+time.sleep(1)
+after = vllm()
+print(json.dumps({"plain": plain, "unasked": unasked, "asked": asked,
+                  "vllm": {k: after[k] - before[k] for k in after}}))
+"""
+
+
+def usage_report(host):
+    out = host.check_output("/usr/local/lib/rigops-llm-gateway/rigops-llm-gateway-usage report --json")
+    return {(r["client"], r["model"]): r for r in json.loads(out)["rows"]}
+
+
+def test_usage_per_key_equals_vllms_own_token_counters(host):
+    """Usage as vLLM counts it: the prompt and generation tokens of its /metrics, for the same requests
+    (a plain answer, a stream whose client did not ask for usage, one that did), equal what the usage service
+    counted for the client; the client that did not ask gets no usage chunk."""
+    assert host.service("rigops-llm-gateway-usage").is_running
+    folder = host.file("/var/lib/rigops-llm-gateway/usage")
+    assert (folder.user, folder.group, folder.mode) == ("www-data", "root", 0o770)
+    before = usage_report(host)
+    out = python(host, USAGE, put_key(host, "limited"))
+    assert out["plain"][1] >= 1 and not any(out["unasked"]) and out["asked"] == 4, out
+    deadline, after = time.time() + 15, before
+    while time.time() < deadline:  # the service sums the day's log every 2 s
+        after = usage_report(host)
+        if (
+            after.get(("limited", "tiny-a"), {}).get("requests", 0)
+            >= before.get(("limited", "tiny-a"), {}).get("requests", 0) + 3
+        ):
+            break
+        time.sleep(1)
+    old = before.get(("limited", "tiny-a"), {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0})
+    new = after[("limited", "tiny-a")]
+    assert new["requests"] - old["requests"] == 3, (old, new)
+    assert new["prompt_tokens"] - old["prompt_tokens"] == out["vllm"]["vllm:prompt_tokens_total"], (old, new, out)
+    assert new["completion_tokens"] - old["completion_tokens"] == out["vllm"]["vllm:generation_tokens_total"]
+    prom = host.check_output("cat /var/lib/prometheus/node-exporter/rigops_llm_gateway_usage.prom")
+    assert f'rigops_llm_gateway_prompt_tokens_total{{client="limited",model="tiny-a"}} {new["prompt_tokens"]}' in prom
+    # ./rigops usage on the controller: the table of each gateway
+    inventory = Path(os.environ["MOLECULE_INVENTORY_FILE"]).parent
+    res = subprocess.run([str(ROOT / "rigops"), "usage", "--since", "1", "-i", str(inventory), "-i",
+                          str(ROOT / "inventories" / "sandbox" / "groups.yml")], capture_output=True, text=True,
+                         check=False)  # fmt: skip
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert re.search(rf"^limited\s+tiny-a\s+{new['requests']}\s+{new['prompt_tokens']}\s", res.stdout, re.M), res.stdout
+
+
+def test_a_spent_budget_is_429_and_stays_spent_through_a_reload(host):
+    key = put_key(host, "capped")
+    statuses = []
+    deadline = time.time() + 30
+    while time.time() < deadline and 429 not in statuses:
+        statuses.append(
+            curl(
+                host,
+                "/v1/chat/completions",
+                key,
+                {"model": "tiny-a", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]},
+            )[0]
+        )
+        time.sleep(1)
+    assert statuses[-1] == 429 and set(statuses) == {200, 429}, statuses
+    body = json.loads(curl(host, "/v1/chat/completions", key, {"model": "tiny-a", "messages": []})[1])
+    assert body["error"]["type"] == "insufficient_quota" and "60 tokens a day, is spent" in body["error"]["message"]
+    spent = json.loads(host.check_output("cat /var/lib/rigops-llm-gateway/usage/spent.json"))
+    assert spent["spent"]["capped"]["used"] >= 60 and spent["resets_at"] in body["error"]["message"]
+    # nginx reloaded, the usage service restarted: the budget is still spent; other keys are not touched
+    host.check_output("systemctl reload rigops-llm-gateway && systemctl restart rigops-llm-gateway-usage")
+    time.sleep(3)
+    assert curl(host, "/v1/chat/completions", key, {"model": "tiny-a", "messages": []})[0] == 429
+    assert chat_model(host, put_key(host, "limited"), "tiny-a") == (200, "tiny-a")
 
 
 @pytest.mark.changes_state
