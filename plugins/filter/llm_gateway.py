@@ -832,6 +832,8 @@ def js_table(tbl):
         },
         "names": tbl["names"],
         "who": {c["name"]: c["hash"] for c in tbl["clients"]},
+        # a pool's replica by the id of its socket (uN.sock): the logs name the replica that answered
+        "sockets": {u["id"]: u["ref"] for u in tbl["upstreams"] if u.get("pooled")},
     }
     return json.dumps(data, ensure_ascii=True, sort_keys=True, separators=(",", ":"))
 

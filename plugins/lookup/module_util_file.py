@@ -40,6 +40,7 @@ from ansible_collections.rigops.fleet.plugins.module_utils import (
     jetson_platform,
     jetson_tegrastats,
     llm_gateway_health_feed,
+    llm_gateway_usage,
     nvidia_smi,
     state_file,
     vllm_config,
@@ -50,7 +51,8 @@ from ansible_collections.rigops.fleet.plugins.module_utils import (
 # imports vllm_config, which imports vllm_instances; the GPU health sentinel (roles/gpu_health/files/rigops-gpu-health)
 # imports gpu_health_sentinel, which imports gpu_health, nvidia_smi, and for Jetson boards board_thermal,
 # jetson_platform and jetson_tegrastats, and state_file; the gateway's health feed
-# (roles/llm_gateway/files/rigops-llm-gateway-health) imports llm_gateway_health_feed and state_file.
+# (roles/llm_gateway/files/rigops-llm-gateway-health) imports llm_gateway_health_feed and state_file, its usage
+# service (rigops-llm-gateway-usage) llm_gateway_usage and state_file.
 SHIPPED = {
     m.__name__.rsplit(".", 1)[-1]: m
     for m in (
@@ -64,6 +66,7 @@ SHIPPED = {
         nvidia_smi,
         state_file,
         llm_gateway_health_feed,
+        llm_gateway_usage,
     )
 }
 
