@@ -98,7 +98,8 @@ def test_report_says_every_board_is_done(report):
         assert board["power_mode"] == MODE[family][0]
         assert board["memory"]["ok"] and board["memory"]["limit"] == 0.8
         assert board["health"]["ram_total_mb"] == (125772 if family == "thor" else 62801)
-        assert set(STAGES) == set(board["stage_seconds"])
+        # jet-1 is also the gateway of the three (tests/test_serving_through_a_pool.py)
+        assert set(STAGES) | ({"gateway"} if name == "jet-1" else set()) == set(board["stage_seconds"])
         (inst,) = board["instances"]
         assert inst["served_name"] == "tiny" and inst["ttft_s"] is not None
 
