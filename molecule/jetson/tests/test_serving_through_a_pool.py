@@ -1,10 +1,10 @@
 """The gateway on jet-1 in front of the three boards, which serve one name (`tiny`): a pool of three real vLLMs,
-policy session (the default). A short multi-turn trace through it (conversations with a shared system prompt,
-each turn resending the conversation so far, as coding agents do): each conversation stays on one board and the
-boards share them; the tokens the gateway counts per client are the tokens the vLLMs counted themselves; a
-board whose vLLM stops takes only its own conversations with it, to the other boards, and no request fails.
-Runs last, after the rollouts (test_rollout.py), which leave every board serving: the board stopped here is
-not waited for."""
+policy session (the default), asked for by the alias `coder`. A short multi-turn trace through it (conversations
+with a shared system prompt, each turn resending the conversation so far, as coding agents do): each conversation
+stays on one board and the boards share them; the tokens the gateway counts per client are the tokens the vLLMs
+counted themselves; a board whose vLLM stops takes only its own conversations with it, to the other boards, and
+no request fails. Runs last, after the rollouts (test_rollout.py), which leave every board serving: the board
+stopped here is not waited for."""
 
 import json
 import time
@@ -34,7 +34,7 @@ for turn in range(first, first + rounds):
         talk = state.setdefault(str(n), [system, {"role": "user", "content": f"Conversation {n}: name a colour."}])
         if turn:
             talk.append({"role": "user", "content": f"And one more, turn {turn}?"})
-        r = c.chat.completions.create(model="tiny", messages=talk, max_tokens=3)
+        r = c.chat.completions.create(model="coder", messages=talk, max_tokens=3)
         talk.append({"role": "assistant", "content": r.choices[0].message.content or "-"})
         sent.append([n, turn])
 json.dump(state, open("/tmp/pool-trace.json", "w"))
@@ -66,13 +66,13 @@ def trace(gw, rounds, first=0):
     before = int(gw.check_output(f"cat {log} 2>/dev/null | wc -l"))
     sent = json.loads(gw.check_output(f"SSL_CERT_FILE={CA} {PYTHON} /tmp/pool_trace.py /tmp/pool-key {rounds} {first}"))
     lines = [json.loads(line) for line in gw.check_output(f"tail -n +{before + 1} {log}").splitlines()]
-    assert [(line["client"], line["model"], line["status"]) for line in lines] == [("dev", "tiny", 200)] * len(sent)
+    assert [(line["client"], line["model"], line["status"]) for line in lines] == [("dev", "coder", 200)] * len(sent)
     return [(n, turn, line["target"].split("/")[0]) for (n, turn), line in zip(sent, lines, strict=True)]
 
 
 def usage(gw):
     rows = json.loads(gw.check_output(f"{USAGE} report --json"))["rows"]
-    return next((r for r in rows if (r["client"], r["model"]) == ("dev", "tiny")), None) or {
+    return next((r for r in rows if (r["client"], r["model"]) == ("dev", "coder")), None) or {
         "requests": 0, "prompt_tokens": 0, "completion_tokens": 0}  # fmt: skip
 
 
