@@ -203,6 +203,13 @@ def maintain_bench_problems(after, before, tolerance):
     return problems
 
 
+def maintain_bench_best(first, again):
+    """Per instance, the better of two readings after the change (``again``: the bench read once more where
+    ``first`` was outside the tolerance); an instance in one reading only keeps that one."""
+    first, again = plain(first or {}), plain(again or {})
+    return {name: max(v for v in (first.get(name), again.get(name)) if v is not None) for name in {*first, *again}}
+
+
 def maintain_result(facts):
     """The rig's result from what its tasks recorded (see playbooks/maintain.yml)."""
     f = plain(facts or {})
@@ -246,5 +253,6 @@ class FilterModule:
             "maintain_not_drained": maintain_not_drained,
             "maintain_throughput": maintain_throughput,
             "maintain_bench_problems": maintain_bench_problems,
+            "maintain_bench_best": maintain_bench_best,
             "maintain_result": maintain_result,
         }
