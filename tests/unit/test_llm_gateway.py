@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import copy
+import http.client as http_client
 import importlib.util
 import json
 import os
@@ -446,6 +447,7 @@ class Upstream:
         self.fail_with = None  # a status every POST answers, as a sick vLLM's 500
         self.seen = []
         self.usage = []  # (prompt, completion) tokens of each answer, as vLLM reports them
+        self.end_delay = 0.0
         self.server = None
         self.port = 0
         self._conns = set()
@@ -544,8 +546,9 @@ class Upstream:
                     send(chunk[:20])
                     time.sleep(0.05)
                     send(chunk[20:])
-                chunk = b"data: [DONE]\n\n"
-                self.wfile.write(b"%x\r\n%s\r\n0\r\n\r\n" % (len(chunk), chunk))
+                send(b"data: [DONE]\n\n")
+                time.sleep(outer.end_delay)  # the stream's end after [DONE]: a client may have closed by then
+                self.wfile.write(b"0\r\n\r\n")
 
         server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         server.daemon_threads = True
@@ -1421,15 +1424,29 @@ def test_usage_of_plain_and_streamed_answers_is_counted_exactly(gateway, tmp_pat
     status, lines = gateway.call("/v1/chat/completions", key, asked, stream=True)
     events = [raw.decode().strip()[5:].strip() for raw in lines if raw.decode().startswith("data:")]
     assert status == 200 and len(events) == 5 and json.loads(events[-2])["usage"]["completion_tokens"] == 3
+    # a client that closes on [DONE], before the upstream's stream ends (the OpenAI SDK does): counted too
+    alpha.end_delay = 0.5
+    try:
+        tls = ssl.create_default_context(cafile=str(gateway.etc / "tls" / "ca.pem"))
+        conn = http_client.HTTPSConnection("127.0.0.1", gateway.ports["gateway"], timeout=30, context=tls)
+        conn.request("POST", "/v1/chat/completions", json.dumps(asked),
+                     {"Authorization": f"Bearer {key}", "Content-Type": "application/json"})  # fmt: skip
+        resp = conn.getresponse()
+        while b"[DONE]" not in resp.readline():
+            pass
+        conn.close()
+        time.sleep(1)
+    finally:
+        alpha.end_delay = 0.0
     # nginx writes each line as the request ends; the service sums them
     run("once")
     after = usage_today(run)
     sent = {"tiny-a": alpha.usage[:2], "chat": alpha.usage[2:]}
-    assert len(alpha.usage) == 4
+    assert len(alpha.usage) == 5
     for model, answers in sent.items():
         old = before.get(("limited", model), {"requests": 0, "prompt_tokens": 0, "completion_tokens": 0})
         new = after[("limited", model)]
-        assert new["requests"] - old["requests"] == 2, (model, new, old)
+        assert new["requests"] - old["requests"] == len(answers), (model, new, old)
         assert new["prompt_tokens"] - old["prompt_tokens"] == sum(p for p, _ in answers), (model, new, old)
         assert new["completion_tokens"] - old["completion_tokens"] == sum(c for _, c in answers), (model, new)
     # the day's log holds no key, no prompt; the counters and the table name the client
