@@ -41,6 +41,8 @@ from ansible_collections.rigops.fleet.plugins.module_utils import (
     jetson_tegrastats,
     llm_gateway_health_feed,
     llm_gateway_usage,
+    model_weights_peer,
+    model_weights_plan,
     nvidia_smi,
     state_file,
     vllm_config,
@@ -52,7 +54,8 @@ from ansible_collections.rigops.fleet.plugins.module_utils import (
 # imports gpu_health_sentinel, which imports gpu_health, nvidia_smi, and for Jetson boards board_thermal,
 # jetson_platform and jetson_tegrastats, and state_file; the gateway's health feed
 # (roles/llm_gateway/files/rigops-llm-gateway-health) imports llm_gateway_health_feed and state_file, its usage
-# service (rigops-llm-gateway-usage) llm_gateway_usage and state_file.
+# service (rigops-llm-gateway-usage) llm_gateway_usage and state_file; the model peer
+# (roles/model_weights/files/rigops-model-peer) model_weights_peer, which imports model_weights_plan and vllm_instances.
 SHIPPED = {
     m.__name__.rsplit(".", 1)[-1]: m
     for m in (
@@ -67,6 +70,8 @@ SHIPPED = {
         state_file,
         llm_gateway_health_feed,
         llm_gateway_usage,
+        model_weights_peer,
+        model_weights_plan,
     )
 }
 

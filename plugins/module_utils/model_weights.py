@@ -23,6 +23,7 @@ import pwd
 import shutil
 import ssl
 import stat
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 from ansible.module_utils.six.moves.http_client import HTTPException
@@ -63,6 +64,7 @@ from ansible_collections.rigops.fleet.plugins.module_utils.model_weights_plan im
     refusal,
     remote_code,
     safetensors_problem,
+    sha256_file,
     verify_files,
 )
 
@@ -322,20 +324,73 @@ def cache_pull(url: str, dest: str, size: int, headers: dict, timeout: int) -> s
     return ""
 
 
-def cache_fetch(params: dict, files: list[dict]):
-    """fetch(partial, commit, wanted) -> (ok, why): each wanted file pulled from the cache, `workers` at a time."""
-    headers = cache_headers(params)
-    sizes = {f["path"]: f["size"] for f in files}
+def peer_urls(params: dict, commit: str) -> list[str]:
+    """The base URLs of the peers (hosts of earlier batches) that serve this model at this commit."""
+    ref = peer_model_ref(params["hub"], params["id"], commit)
+    return [p["url"] for p in params.get("peers") or [] if ref in (p.get("models") or [])]
 
-    def one(partial: str, commit: str, rel: str) -> str:
+
+def peer_model_ref(hub: str, model_id: str, commit: str) -> str:
+    return f"{hub}/{model_id}@{commit}"
+
+
+def cache_fetch(params: dict, files: list[dict]):
+    """fetch(partial, commit, wanted) -> (ok, why): each wanted file pulled, `workers` at a time.
+
+    With peers that serve the model, the files are spread over the cache and the peers (largest first, from
+    an offset of peer_seed, so that hosts of one batch start on different sources); a file from a peer is
+    checked against the cache's sha256 at once, and one that is refused, cut or wrong is taken from the cache.
+    fetch.report says what the peers sent and what was taken from the cache instead.
+    """
+    headers = cache_headers(params)
+    entries = {f["path"]: f for f in files}
+    report = {"peers": [], "from_peers": {}, "peer_bytes": 0, "refused": []}
+    lock = threading.Lock()
+
+    def from_cache(partial: str, commit: str, rel: str) -> str:
         url = cache_model_url(params["cache_url"], params["hub"], params["id"], commit, rel)
-        return cache_pull(url, os.path.join(partial, rel), sizes[rel], headers, params["timeout"])
+        return cache_pull(url, os.path.join(partial, rel), entries[rel]["size"], headers, params["timeout"])
+
+    def from_peer(partial: str, commit: str, rel: str, peer: str) -> str:
+        dest, entry = os.path.join(partial, rel), entries[rel]
+        why = cache_pull(cache_model_url(peer, params["hub"], params["id"], commit, rel), dest, entry["size"], headers,
+                         params["timeout"])  # fmt: skip
+        if not why:
+            got = sha256_file(dest)
+            why = "" if got == entry["sha256"] else f"sha256 {got}, expected {entry['sha256']}"
+        with lock:
+            if why:
+                report["refused"].append({"peer": peer, "path": rel, "why": why})
+            else:
+                report["from_peers"].setdefault(peer, []).append(rel)
+                report["peer_bytes"] += entry["size"]
+        if why:  # nothing of it is kept: the cache's copy starts from zero
+            for path in (dest, dest + ".part"):
+                if os.path.isfile(path) and not os.path.islink(path):
+                    os.unlink(path)
+            return from_cache(partial, commit, rel)
+        return ""
 
     def fetch(partial: str, commit: str, wanted: list[str]):
+        peers = peer_urls(params, commit)
+        report["peers"] = peers
+        sources = [""] + peers  # "" is the cache
+        order = sorted(wanted, key=lambda rel: (-entries[rel]["size"], rel))
+        seed = params.get("peer_seed") or 0
+        plan = {
+            rel: sources[(seed + n) % len(sources)] if entries[rel].get("sha256") else "" for n, rel in enumerate(order)
+        }
+
+        def one(rel: str) -> str:
+            if plan[rel]:
+                return from_peer(partial, commit, rel, plan[rel])
+            return from_cache(partial, commit, rel)
+
         with ThreadPoolExecutor(max_workers=max(1, params["workers"])) as pool:
-            errors = [e for e in pool.map(lambda rel: one(partial, commit, rel), wanted) if e]
+            errors = [e for e in pool.map(one, order) if e]
         return not errors, "; ".join(errors[:3])
 
+    fetch.report = report
     return fetch
 
 
@@ -716,5 +771,7 @@ def _stage_model(params, check_mode, fetch, opener, result):
     if fetch is None:
         raise StageError(f"{hub}: {model_id}@{commit} needs a download and no hub client was given")
     partial, digests = stage_from_hub(params, final, commit, files, fetch, ids, result)
+    if getattr(fetch, "report", {}).get("peers"):
+        result["peers"] = fetch.report
     finish(params, partial, final, model, commit, files, digests, ids, result)
     return result

@@ -82,6 +82,22 @@ options:
     description: Token the fleet cache asks for (source fleet_cache), sent as a bearer token; empty for none.
     type: str
     default: ""
+  peers:
+    description:
+      - Source fleet_cache, hosts of earlier batches that serve their verified copies (role model_weights,
+        C(model_weights_peers)); each with C(url) (its base URL, the cache's layout) and C(models) (the
+        C(<hub>/<id>@<commit>) it serves). The files are spread over the cache and the peers that serve the model;
+        a peer gets the cache's token, and every file from a peer is checked against the sha256 of the cache's
+        listing before it is used. A file a peer refuses, cuts or sends wrong is taken from the cache.
+      - The listing always comes from the cache.
+    type: list
+    elements: dict
+    default: []
+  peer_seed:
+    description: Source fleet_cache with O(peers), where in the list of sources this host starts (its place in the
+      play), so that the hosts of one batch start on different ones.
+    type: int
+    default: 0
   fallback_to_hub:
     description: Source fleet_cache, when the cache does not answer, download from the hub (O(endpoint)) instead.
     type: bool
@@ -245,6 +261,15 @@ fallback:
   returned: when the cache did not answer and O(fallback_to_hub) is set
   type: str
   sample: "fleet cache (http://cache-a:8081): cannot reach http://cache-a:8081/index.json (Connection refused)"
+peers:
+  description: Source fleet_cache with O(peers) that serve the model, what they sent and what was refused.
+  returned: when files were pulled and a peer served the model
+  type: dict
+  sample:
+    peers: [https://rig-07.site-a.internal:8082]
+    from_peers: {https://rig-07.site-a.internal:8082: [model-00001-of-00003.safetensors]}
+    peer_bytes: 1048576
+    refused: [{peer: https://rig-07.site-a.internal:8082, path: config.json, why: "...: HTTP 409"}]
 reason:
   description: Why the model is not staged yet (no marker, a file missing or wrong, ...).
   returned: when a source hub or adopt model is not staged before the run
@@ -270,6 +295,8 @@ def main():
             "token": {"type": "str", "default": "", "no_log": True},
             "cache_url": {"type": "str", "default": ""},
             "cache_token": {"type": "str", "default": "", "no_log": True},
+            "peers": {"type": "list", "elements": "dict", "default": []},
+            "peer_seed": {"type": "int", "default": 0},
             "fallback_to_hub": {"type": "bool", "default": False},
             "root": {"type": "path", "default": "/srv/rigops/models"},
             "path": {"type": "path"},

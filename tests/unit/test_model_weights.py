@@ -815,3 +815,149 @@ def test_tls_failure_tells_a_certificate_from_a_dead_cache():
     assert ms.tls_failure(ssl.SSLError(1, "[SSL: WRONG_VERSION_NUMBER] wrong version number"))
     assert ms.tls_failure(URLError(ConnectionRefusedError(111, "Connection refused"))) == ""
     assert ms.tls_failure(OSError("timed out")) == ""
+
+
+# --- peers: the real rigops-model-peer server (module_utils model_weights_peer) over a staged copy ---------
+
+
+@pytest.fixture
+def peer(params, cache, tmp_path):
+    """make(**config) -> (server, url, staged result): a host that pulled the model from the cache, serving it."""
+    import threading
+
+    from ansible_collections.rigops.fleet.plugins.module_utils import model_weights_peer as mp
+
+    servers = []
+
+    def make(token="", tls=None, files=None):
+        source = cache()
+        p = cache_params(params, source, root=str(tmp_path / f"peer{len(servers)}"))
+        staged = ms.stage_model(p)
+        config = {
+            "listen": "127.0.0.1",
+            "port": 1,
+            "models": [{"hub": "huggingface", "id": p["id"], "commit": COMMIT, "path": staged["path"],
+                        "files": files or staged["files"]}],
+        }  # fmt: skip
+        if tls:
+            config.update(tls_certificate=tls[0], tls_key=tls[1])
+        assert mp.check_config(config) == []
+        config["port"] = 0
+        server = mp.make_server(config, token)
+        server.peer.log = open(os.devnull, "w")  # noqa: SIM115 (closed with the server)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        scheme = "https://localhost" if tls else "http://127.0.0.1"
+        return server, f"{scheme}:{server.server_address[1]}", staged
+
+    yield make
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+        server.peer.log.close()
+
+
+def peer_get(url, token="", rng=""):
+    """(status, body) of one GET, the way a puller asks (open_url)."""
+    from urllib.error import HTTPError
+
+    from ansible.module_utils.urls import open_url
+
+    headers = dict({"Authorization": f"Bearer {token}"} if token else {}, **({"Range": rng} if rng else {}))
+    try:
+        resp = open_url(url, headers=headers, timeout=10)
+        return resp.getcode(), resp.read()
+    except HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def test_peer_serves_only_listed_verified_files_with_the_token_and_ranges(peer, repo):
+    server, url, staged = peer(token="s3cret")
+    shard = "model-00001-of-00003.safetensors"
+    file_url = mw.cache_model_url(url, "huggingface", MODELS["huggingface"], COMMIT, shard)
+    assert peer_get(file_url)[0] == 401 and peer_get(file_url, "wrong")[0] == 401
+    assert peer_get(file_url, "s3cret") == (200, repo[shard])
+    assert peer_get(file_url, "s3cret", "bytes=10-") == (206, repo[shard][10:])
+    assert peer_get(file_url, "s3cret", "bytes=10-19") == (206, repo[shard][10:20])
+    assert peer_get(file_url, "s3cret", f"bytes={len(repo[shard])}-")[0] == 416
+    # the marker, a file beside the model, another commit, a path out of the folder: not listed, not served
+    Path(staged["path"], "extra.bin").write_bytes(b"x")
+    for rel in (mw.MARKER, "extra.bin", "../" + COMMIT + "/config.json"):
+        assert peer_get(mw.cache_model_url(url, "huggingface", MODELS["huggingface"], COMMIT, rel), "s3cret")[0] == 404
+    other = mw.cache_model_url(url, "huggingface", MODELS["huggingface"], "f" * 40, shard)
+    assert peer_get(other, "s3cret")[0] == 404
+
+
+def test_peer_refuses_a_file_changed_after_it_was_proven_and_one_that_never_matched(peer, repo):
+    server, url, staged = peer()
+    shard = "model-00001-of-00003.safetensors"
+    file_url = mw.cache_model_url(url, "huggingface", MODELS["huggingface"], COMMIT, shard)
+    assert peer_get(file_url)[0] == 200
+    path = Path(staged["path"], shard)
+    st = path.stat()
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1
+    path.write_bytes(bytes(data))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))  # same size, same mtime: only the ctime moved
+    status, body = peer_get(file_url)
+    assert status == 409 and b"not verified, refused: sha256" in body
+    # a symbolic link where a listed file was is never followed
+    path.unlink()
+    path.symlink_to(Path(staged["path"], "config.json"))
+    assert peer_get(file_url)[0] == 404
+
+
+def test_peer_config_problems_name_the_field():
+    from ansible_collections.rigops.fleet.plugins.module_utils import model_weights_peer as mp
+
+    good = {"hub": "huggingface", "id": "Org/Name", "commit": COMMIT, "path": "/srv/m",
+            "files": [{"path": "config.json", "size": 1, "sha256": "a" * 64}]}  # fmt: skip
+    assert mp.check_config({"port": 8082, "models": [good]}) == []
+    problems = mp.check_config(
+        {"port": 0, "tls_certificate": "/c.pem", "token_file": "rel",
+         "models": [dict(good, commit="HEAD"), dict(good, files=[{"path": "../x", "size": 1, "sha256": "a" * 64}])]}
+    )  # fmt: skip
+    text = "; ".join(problems)
+    assert "port must be a number 1-65535, got 0" in text and "tls_certificate and tls_key" in text
+    assert "token_file must be an absolute path" in text and "models[0].commit" in text
+    assert "models[1].files" in text and "../x" in text
+
+
+def test_fleet_cache_with_peers_spreads_files_and_checks_every_peer_file(params, repo, cache, peer, tmp_path):
+    _, url_a, _ = peer(token="s3cret")
+    _, url_b, _ = peer(token="s3cret")
+    source = cache(token="s3cret")
+    ref = ms.peer_model_ref("huggingface", MODELS["huggingface"], COMMIT)
+    peers = [{"url": url_a, "models": [ref]}, {"url": url_b, "models": [ref]}, {"url": "http://x", "models": []}]
+    p = cache_params(params, source, cache_token="s3cret", peers=peers, workers=2, root=str(tmp_path / "late"))
+    result = ms.stage_model(p)
+    assert result["staged"] and {rel: (final_dir(p) / rel).read_bytes() for rel in repo} == repo
+    report = result["peers"]
+    assert report["peers"] == [url_a, url_b] and report["refused"] == []
+    from_peers = sorted(rel for rels in report["from_peers"].values() for rel in rels)
+    from_cache = sorted(r[0].rsplit("/", 1)[-1] for r in source.requests[1:])
+    assert sorted(from_peers + from_cache) == sorted(repo) and len(from_peers) == len(repo) - len(from_cache) > 0
+    assert set(report["from_peers"]) == {url_a, url_b}  # three sources, every one used
+    assert report["peer_bytes"] == sum(len(repo[rel]) for rel in from_peers)
+
+
+def test_a_corrupted_peer_copy_is_detected_and_fetched_again_from_the_cache(params, repo, cache, peer, tmp_path):
+    shard = "model-00001-of-00003.safetensors"
+    # a peer whose copy and list both went wrong: it proves the file against its own (wrong) sha256 and serves it
+    server, url, staged = peer()
+    path = Path(staged["path"], shard)
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1
+    path.write_bytes(bytes(data))
+    server.peer.routes = {k: (disk, dict(e, sha256=hashlib.sha256(data).hexdigest()) if disk == str(path) else e)
+                          for k, (disk, e) in server.peer.routes.items()}  # fmt: skip
+    source = cache()
+    ref = ms.peer_model_ref("huggingface", MODELS["huggingface"], COMMIT)
+    # peer_seed 1: the largest file (the shard) goes to the peer, the next to the cache
+    p = cache_params(params, source, peers=[{"url": url, "models": [ref]}], peer_seed=1, root=str(tmp_path / "late"))
+    result = ms.stage_model(p)
+    assert result["staged"] and (final_dir(p) / shard).read_bytes() == repo[shard]
+    refused = result["peers"]["refused"]
+    assert [(r["peer"], r["path"]) for r in refused] == [(url, shard)] and "sha256" in refused[0]["why"]
+    assert any(r[0].endswith(shard) and r[2] == 200 for r in source.requests)  # the cache sent it again
+    assert shard not in result["peers"]["from_peers"].get(url, [])

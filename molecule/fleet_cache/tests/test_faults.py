@@ -15,6 +15,7 @@ from rigops_testinfra import ansible_playbook, get_host, playbook_command, recap
 pytestmark = pytest.mark.changes_state
 
 CONVERGE = Path(__file__).resolve().parents[1] / "converge.yml"
+PEERS = Path(__file__).resolve().parents[1] / "peers.yml"
 STORE = "/srv/rigops/cache/models"
 CACHE_URL = "https://rigops-fc-cache:8081"
 
@@ -72,6 +73,63 @@ def test_a_file_corrupted_on_the_cache_is_refused_named_and_nothing_moves_into_p
 
 def m_sha(m, path):
     return next(f["sha256"] for f in m["files"] if f["path"] == path)
+
+
+def flip_last_byte(host, path):
+    """One byte flipped, same size: only the sha256 tells (flipped twice, the file is back)."""
+    flip = "b=bytearray(open(p,'rb').read()); b[-1]^=1; open(p,'wb').write(b)"
+    host.check_output(f"python3 -c \"p='{path}'; {flip}\"")
+
+
+def test_peers_serve_later_batches_verified_files_only_and_stop_when_the_rollout_ends():
+    """peers.yml, one rig per batch: fc-rig1 serves fc-rig2, which pulls half the files from it (its place in the
+    play: the largest first, then every other) and the rest from the cache. fc-rig1's copy of the ModelScope
+    model's largest file has one byte flipped (a size check passes it): the peer hashes it, refuses it (409)
+    and fc-rig2 takes it from the cache. The peers stop with the run."""
+    index = json.loads(get_host("fc-cache").file(f"{STORE}/index.json").content_string)
+    models = {m["hub"]: m for m in index["models"]}
+    cache, rig1, rig2 = get_host("fc-cache"), get_host("fc-rig1"), get_host("fc-rig2")
+    folder = {hub: f"/srv/rigops/models/{hub}/{m['id']}/{m['commit']}" for hub, m in models.items()}
+    order = {hub: [f["path"] for f in sorted(m["files"], key=lambda f: (-f["size"], f["path"]))]
+             for hub, m in models.items()}  # fmt: skip
+    bad = order["modelscope"][0]
+    rig2_ip = rig2.check_output("hostname -I").split()[0]
+    rig2.check_output("rm -rf " + " ".join(folder.values()))
+    flip_last_byte(rig1, f"{folder['modelscope']}/{bad}")
+    before = len(cache.check_output("cat /var/log/nginx/rigops-fleet-cache.log").splitlines())
+    since = rig1.check_output("date '+%Y-%m-%d %H:%M:%S'")
+    try:
+        rc, out = ansible_playbook(PEERS)
+        assert rc == 0 and recap(out, "fc-rig1")["failed"] == recap(out, "fc-rig2")["failed"] == 0, out[-3000:]
+        served = {}
+        for line in rig1.check_output(
+            f"journalctl -u rigops-model-peer -o cat --no-pager --since '{since}'"
+        ).splitlines():
+            parts = line.split()
+            if parts and parts[0] == rig2_ip:
+                served[parts[2].rsplit("/", 1)[-1]] = int(parts[3])
+        pulled = [line.split('"')[1].split()[1].rsplit("/", 1)[-1]
+                  for line in cache.check_output("cat /var/log/nginx/rigops-fleet-cache.log").splitlines()[before:]
+                  if line.startswith(rig2_ip + " ") and '"GET /models/' in line]  # fmt: skip
+        for hub, files in order.items():
+            to_peer, to_cache = files[0::2], files[1::2]
+            for rel in to_peer:
+                assert served.get(rel) == (409 if rel == bad else 200), (rel, served)
+            assert sorted(rel for rel in pulled if rel in files) == sorted(
+                to_cache + ([bad] if hub == "modelscope" else [])
+            )
+            for f in models[hub]["files"]:
+                assert rig2.file(f"{folder[hub]}/{f['path']}").sha256sum == f["sha256"], f["path"]
+        # the rollout's end: nothing serves, nothing of what was served stays
+        for rig in (rig1, rig2):
+            assert rig.run("systemctl is-active rigops-model-peer").stdout.strip() != "active"
+            assert not rig.file("/run/rigops-model-peer").exists
+            assert rig.run("bash -c 'echo > /dev/tcp/127.0.0.1/8082'").rc != 0
+        # the unit bounds the peer: a lifetime, and no capability but dropping root for nobody
+        unit = rig1.file("/etc/systemd/system/rigops-model-peer.service").content_string
+        assert "RuntimeMaxSec=7200" in unit and "CapabilityBoundingSet=CAP_SETUID CAP_SETGID" in unit
+    finally:
+        flip_last_byte(rig1, f"{folder['modelscope']}/{bad}")
 
 
 def test_the_cache_stopped_mid_pull_fails_clearly_and_the_next_run_resumes():
