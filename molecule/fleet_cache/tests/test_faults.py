@@ -101,24 +101,25 @@ def test_peers_serve_later_batches_verified_files_only_and_stop_when_the_rollout
     try:
         rc, out = ansible_playbook(PEERS)
         assert rc == 0 and recap(out, "fc-rig1")["failed"] == recap(out, "fc-rig2")["failed"] == 0, out[-3000:]
-        served = {}
+        served = {}  # URL path -> the peer's status for fc-rig2
         for line in rig1.check_output(
             f"journalctl -u rigops-model-peer -o cat --no-pager --since '{since}'"
         ).splitlines():
             parts = line.split()
             if parts and parts[0] == rig2_ip:
-                served[parts[2].rsplit("/", 1)[-1]] = int(parts[3])
-        pulled = [line.split('"')[1].split()[1].rsplit("/", 1)[-1]
-                  for line in cache.check_output("cat /var/log/nginx/rigops-fleet-cache.log").splitlines()[before:]
-                  if line.startswith(rig2_ip + " ") and '"GET /models/' in line]  # fmt: skip
-        for hub, files in order.items():
-            to_peer, to_cache = files[0::2], files[1::2]
-            for rel in to_peer:
-                assert served.get(rel) == (409 if rel == bad else 200), (rel, served)
-            assert sorted(rel for rel in pulled if rel in files) == sorted(
-                to_cache + ([bad] if hub == "modelscope" else [])
-            )
-            for f in models[hub]["files"]:
+                served[parts[2]] = int(parts[3])
+        log = cache.check_output("cat /var/log/nginx/rigops-fleet-cache.log").splitlines()[before:]
+        pulled = sorted(
+            line.split('"')[1].split()[1] for line in log if line.startswith(rig2_ip + " ") and '"GET /models/' in line
+        )
+        url = {hub: f"/models/{hub}/{m['id']}/{m['commit']}/" for hub, m in models.items()}
+        to_peer = {url[hub] + rel for hub, files in order.items() for rel in files[0::2]}
+        to_cache = {url[hub] + rel for hub, files in order.items() for rel in files[1::2]}
+        refused = url["modelscope"] + bad
+        assert served == {path: 409 if path == refused else 200 for path in to_peer}
+        assert pulled == sorted(to_cache | {refused})
+        for hub, m in models.items():
+            for f in m["files"]:
                 assert rig2.file(f"{folder[hub]}/{f['path']}").sha256sum == f["sha256"], f["path"]
         # the rollout's end: nothing serves, nothing of what was served stays
         for rig in (rig1, rig2):
