@@ -53,23 +53,6 @@ def cache_root() -> Path:
 
 
 @pytest.fixture(scope="session")
-def vllm_cache() -> Path:
-    """vLLM's cache folder (VLLM_CACHE_ROOT), kept between runs like the other caches: what vLLM
-    learns of a model class at its first start (modelinfos/, one JSON file per class, checked
-    against the module's hash) spares each later start a subprocess that imports vLLM again
-    (measured: ready in 27 s instead of 41 on an idle machine)."""
-    path = cache_root() / "vllm"
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-@pytest.fixture(scope="session")
-def timings() -> list[str]:
-    """Lines for the terminal summary."""
-    return TIMINGS
-
-
-@pytest.fixture(scope="session")
 def wheelhouse() -> Path:
     out = cache_root() / "wheelhouse" / "cpu"
     _step("wheelhouse", [sys.executable, str(ROOT / "lab/sandbox/wheelhouse/build.py"), "--out", str(out)])

@@ -3,25 +3,20 @@
 The real ``modelscope`` and ``huggingface_hub`` clients, installed from the wheelhouse
 into a venv with ``--no-index --require-hashes``, download the generated tiny model
 from the hub stand-in on 127.0.0.1; interrupted downloads resume with HTTP Range; unknown
-ids raise the clients' own not-found errors; real vLLM serves the downloaded model and
-answers the official ``openai`` client.
+ids raise the clients' own not-found errors. (Real vLLM serving a staged model, through the
+roles, is molecule/vllm_service's: test_service.py asks it with the ``openai`` client.)
 
     RIGOPS_INTEGRATION=1 pytest -m integration tests/integration -s
 
 First run: ~1 min wheelhouse (from pip's configured sources), ~2.5 min venv, then
-cached. The vLLM test adds ~1 min.
+cached.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
-import signal
-import socket
 import subprocess
-import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -263,90 +258,3 @@ def test_huggingface_does_not_check_sha256_of_plain_http_downloads(runtime_pytho
     expected = manifest(tiny_model, "tiny-llama-sharded")
     assert r["files"][SHARD1] != expected[SHARD1]
     assert {k: v for k, v in r["files"].items() if k != SHARD1} == {k: v for k, v in expected.items() if k != SHARD1}
-
-
-# ----------------------------------------------------------------------------- vLLM
-
-OPENAI_CHECKS = r"""
-import json, sys, openai
-base, key = sys.argv[1], sys.argv[2]
-c = openai.OpenAI(base_url=base, api_key=key, max_retries=0)
-out = {"models": [m.id for m in c.models.list().data]}
-r = c.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=8)
-out["chat_tokens"] = r.usage.completion_tokens
-out["stream_chunks"] = sum(1 for _ in c.chat.completions.create(
-    model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=8, stream=True))
-for name, k, model in (("no_key", "wrong-key", "tiny"), ("wrong_model", key, "nope")):
-    try:
-        openai.OpenAI(base_url=base, api_key=k, max_retries=0).chat.completions.create(
-            model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=2)
-        out[name] = 200
-    except openai.APIStatusError as e:
-        out[name] = e.status_code
-print(json.dumps(out))
-"""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _rss_kib(pid: int) -> int:
-    """RSS of a process and its descendants: the benchmark's own measure, reused."""
-    bench_file = Path(__file__).resolve().parents[2] / "lab" / "measure" / "sandbox_runtime.py"
-    spec = importlib.util.spec_from_file_location("sandbox_runtime_bench", bench_file)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench.rss_kib(pid)
-
-
-def test_vllm_serves_the_model_downloaded_from_the_hub(runtime_python, no_faults, tmp_path, timings, vllm_cache):
-    hub = no_faults
-    r = run_client(runtime_python, hub, "modelscope", MS_REPO, tmp_path / "model")
-    assert r["ok"], r
-    port, key = _free_port(), "sk-rigops-test"
-    scratch = tmp_path / "scratch"
-    scratch.mkdir()
-    env = {k: v for k, v in os.environ.items() if k != "VLLM_CPU_KVCACHE_SPACE"}  # "" kills the worker
-    env.update(VLLM_CACHE_ROOT=str(vllm_cache), TMPDIR=str(scratch), VLLM_RPC_BASE_PATH=str(scratch))
-    # python -m ...api_server: the `vllm` CLI looks up the distribution "vllm" (it is "vllm-cpu")
-    cmd = [
-        str(runtime_python), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", r["path"], "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port),
-        "--api-key", key, "--enforce-eager", "--max-model-len", "1024",
-        "--kv-cache-memory-bytes", str(64 << 20),
-    ]  # fmt: skip
-    log = (tmp_path / "vllm.log").open("w")
-    t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        ready = None
-        while time.monotonic() - t0 < 300 and proc.poll() is None:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        ready = time.monotonic() - t0
-                        break
-            except OSError:
-                time.sleep(1)
-        assert ready is not None, (tmp_path / "vllm.log").read_text()[-4000:]
-        rss_mib = _rss_kib(proc.pid) // 1024
-        timings.append(f"vLLM: ready in {ready:.1f}s, RSS {rss_mib} MiB (server + engine)")
-        out = subprocess.run(
-            [str(runtime_python), "-c", OPENAI_CHECKS, f"http://127.0.0.1:{port}/v1", key],
-            check=True, capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-        res = json.loads(out.stdout.strip().splitlines()[-1])
-        assert res["models"] == ["tiny"]
-        assert res["chat_tokens"] >= 1 and res["stream_chunks"] >= 2
-        assert (res["no_key"], res["wrong_model"]) == (401, 404)
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
