@@ -53,7 +53,7 @@ PLAYBOOK = """---
   hosts: bench
   serial: {serial}
   roles:
-    - role: model_weights
+    - role: rigops.fleet.model_weights
 
 - name: Benchmark | the peers stop
   hosts: bench
@@ -61,7 +61,7 @@ PLAYBOOK = """---
   tasks:
     - name: Benchmark | Stop serving
       ansible.builtin.include_role:
-        name: model_weights
+        name: rigops.fleet.model_weights
         tasks_from: peers_stop
       when: model_weights_peers | bool
 """

@@ -77,13 +77,13 @@ PLAYBOOK = """---
 - name: Benchmark | model_weights
   hosts: bench
   roles:
-    - role: model_weights
+    - role: rigops.fleet.model_weights
 """
 CACHE_PLAYBOOK = """---
 - name: Benchmark | the fleet cache, filled once
   hosts: caches
   roles:
-    - role: fleet_cache
+    - role: rigops.fleet.fleet_cache
 """
 
 

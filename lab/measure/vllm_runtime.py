@@ -31,7 +31,7 @@ PLAYBOOK = """---
 - name: Benchmark | vllm_runtime
   hosts: bench
   roles:
-    - role: vllm_runtime
+    - role: rigops.fleet.vllm_runtime
 """
 
 
