@@ -19,11 +19,13 @@ removed and N are created afresh (creation is not timed), then
   same figures. The first run and the first rerun are over SSH, the default, whatever the
   caller exported (the driver stage reboots the rigs: mitogen-hq/mitogen#1251);
 
-and at the end the ratio of the largest fleet's no-op rerun to the smallest's, per connection (the goal
-for 4 rigs against 1: at most 1.5x), beside the floor this machine sets: the sandbox rigs
-share the controller's cores, so the largest rerun's CPU spread over every core is the
-least wall time it can take. For the same reason the ratio holds only on an idle machine: when
-other processes took more than a tenth of a rerun's own CPU meanwhile, a NOT IDLE line says so.
+and at the end the ratio of the largest fleet's no-op rerun to the smallest's, per connection, beside
+the floor this machine sets: the sandbox rigs share the controller's cores, so the largest rerun's
+CPU spread over every core is the least wall time it can take (and never less than the smallest
+fleet's: rigs in parallel take at least as long as one). The ratio over that floor is the figure
+that carries to a machine with more cores: the goal for 4 rigs against 1 is at most 1.15x it.
+For the same reason the ratio holds only on an idle machine: when other processes took more
+than a tenth of a rerun's own CPU meanwhile, a NOT IDLE line says so.
 The rigs of the last row stay up unless ``--down``.
 """
 
@@ -42,7 +44,7 @@ import yaml
 PROFILE = "rtx5090x8"
 FIRST_PORT = 2391
 MAX_RIGS = 4  # ports 2391-2394; 2396-2398 belong to tests/integration/test_fleet.py
-RERUN_GOAL = 1.5  # no-op rerun of 4 rigs against 1 rig
+FLOOR_GOAL = 1.15  # no-op rerun of 4 rigs against 1 rig, over the floor this machine sets
 NAMES = [f"bench-mj-{i}" for i in range(1, MAX_RIGS + 1)]
 
 
@@ -152,6 +154,8 @@ def rerun_ratio(sizes: dict, cores: int, key: str = "rerun") -> dict | None:
         out["cpu_seconds"] = round(cpu, 1)
         out["floor_seconds"] = round(cpu / cores, 1)
         out["floor"] = sb.cpu_floor(cpu, cores, base)
+        if value is not None:
+            out["over_floor"] = round(value / max(out["floor"], 1.0), 2)
     busy = {}
     for n in (small, large):
         own, others = cpu_total(ok[n][key]), ok[n][key].get("others")
@@ -211,9 +215,6 @@ def format_results(results: dict) -> str:
             continue
         what = "no-op rerun" if key == "rerun" else f"no-op rerun under {label}"
         line = f"  {what}, {_rigs(ratio['rigs'])} / {_rigs(ratio['against'])}: {ratio['value']:.2f}x"
-        if (ratio["rigs"], ratio["against"]) == (4, 1):
-            verdict = "met" if ratio["value"] <= RERUN_GOAL else "missed"
-            line += f" (goal <= {RERUN_GOAL}x: {verdict})"
         lines.append(line)
         if "floor" in ratio:
             lines.append(
@@ -221,6 +222,10 @@ def format_results(results: dict) -> str:
                 f"{ratio['cpu_seconds']:.1f} CPU-s, at least {ratio['floor_seconds']:.1f}s on "
                 f"its {ratio['cores']} cores shared with the rigs = {ratio['floor']:.2f}x"
             )
+            over = f"  wall over the floor (at least 1x): {ratio['over_floor']:.2f}x"
+            if (ratio["rigs"], ratio["against"]) == (4, 1):
+                over += f" (goal <= {FLOOR_GOAL}x: {'met' if ratio['over_floor'] <= FLOOR_GOAL else 'missed'})"
+            lines.append(over)
         for n, b in ratio.get("busy", {}).items():
             lines.append(
                 f"  NOT IDLE: other processes took {b['others_seconds']:.1f} CPU-s during the {what} of {_rigs(n)} "
