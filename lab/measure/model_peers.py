@@ -5,8 +5,9 @@
                                  [--down] [--json]
 
 A site whose cache has the same link as its hosts, scaled down to what this machine moves: every link
-(the hosts', the fleet cache's, the hub's) shaped to ``--rate`` with Linux tc (lab/sandbox/links.py: HTB
-on both ends of each container's veth), and a model of ``--model-mb`` MiB (random bytes in 8 files and a
+(the hosts', the fleet cache's, the hub's) shaped to ``--rate`` (the cache's and the hub's may differ:
+``--cache-rate``, ``--hub-rate``) with Linux tc (lab/sandbox/links.py: HTB on both ends of each
+container's veth), and a model of ``--model-mb`` MiB (random bytes in 8 files and a
 config.json, put into the cache's store and listing by this script), so that a pull is bound by the links,
 not by the CPU. For each fleet size the real model_weights role stages it on every host twice:
 
@@ -48,10 +49,12 @@ FOLDER = f"{STORE}/huggingface/{MODEL_ID}/{COMMIT}"
 INDEX = f"{STORE}/index.json"
 NGINX_LOG = "/var/log/nginx/rigops-fleet-cache.log"
 FILES = 8
+PEER_GOAL = 0.6  # 8 hosts peer-assisted against cache-only
 PLAYBOOK = """---
 - name: Benchmark | model_weights, {label}
   hosts: bench
   serial: {serial}
+  gather_subset: ["!all", systemd]  # as the main job and the rollout gather
   roles:
     - role: rigops.fleet.model_weights
 
@@ -154,15 +157,12 @@ def run(workdir: Path, hosts: list[dict], cache: dict, serial: list[int] | int, 
     return {"seconds": round(proc.seconds, 1), "rc": proc.rc, "cache_bytes": sent, "hub_file_gets": len(hub_files)}
 
 
-def shape_all(names: list[str], rate: str) -> None:
-    for name in names:
-        links.shape(name, rate)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hosts", default="1,2,4,8", help=f"fleet sizes (default 1,2,4,8; at most {len(mwb.PORTS)})")
-    parser.add_argument("--rate", default="100mbit", help="every link's rate, tc's units (default 100mbit)")
+    parser.add_argument("--rate", default="100mbit", help="the hosts' links, tc's units (default 100mbit)")
+    parser.add_argument("--cache-rate", help="the fleet cache's link (default: --rate)")
+    parser.add_argument("--hub-rate", help="the hub stand-in's link (default: --rate)")
     parser.add_argument("--model-mb", type=int, default=384, help="the model's size in MiB (default 384)")
     parser.add_argument("--batches", default="1,3,4", help="the peer-assisted runs' serial list (default 1,3,4)")
     parser.add_argument("--down", action="store_true", help="remove the benchmark hosts at the end")
@@ -172,12 +172,15 @@ def main() -> int:
         sizes = sb.parse_sizes(args.hosts, len(mwb.PORTS))
     except ValueError as exc:
         parser.error(f"--hosts: {exc}")
-    if not links.RATE_RE.match(args.rate):
-        parser.error(f"--rate: a number with bit, kbit, mbit or gbit, got {args.rate!r}")
+    args.cache_rate, args.hub_rate = args.cache_rate or args.rate, args.hub_rate or args.rate
+    for option, rate in (("--rate", args.rate), ("--cache-rate", args.cache_rate), ("--hub-rate", args.hub_rate)):
+        if not links.RATE_RE.match(rate):
+            parser.error(f"{option}: a number with bit, kbit, mbit or gbit, got {rate!r}")
     hosts = [(f"bench-mw{i + 1}", "nogpu", mwb.PORTS[i]) for i in range(max(sizes))]
     details = sb.fleet_up([*hosts, mwb.CACHE])
     cache, details = details[-1], details[:-1]
-    shaped = [d["container"] for d in details] + [cache["container"], mwb.HUB_CONTAINER]
+    rates = {d["container"]: args.rate for d in details}
+    rates.update({cache["container"]: args.cache_rate, mwb.HUB_CONTAINER: args.hub_rate})
     results = []
     with tempfile.TemporaryDirectory(prefix="rigops-bench-mp-") as tmp:
         workdir = Path(tmp)
@@ -187,14 +190,15 @@ def main() -> int:
         fill = mwb.fill_cache(workdir, cache)  # nginx, the token-less store and its listing, through the role
         size = put_model(cache, args.model_mb)
         try:
-            shape_all(shaped, args.rate)
+            for name, rate in rates.items():
+                links.shape(name, rate)
             for n in sizes:
                 for peers in (False, True):
                     serial = batches(args.batches, n) if peers else n
                     r = run(workdir, details[:n], cache, serial, peers)
                     results.append({"hosts": n, "mode": "peers" if peers else "cache", "batches": serial, **r})
         finally:
-            for name in shaped:
+            for name in rates:
                 links.clear(name)
             podman_exec(cache["container"], "rm", "-rf", f"{STORE}/huggingface/Bench")
     for d in details:
@@ -207,7 +211,8 @@ def main() -> int:
         r["peer_bytes"] = r["hosts"] * size - r["cache_bytes"]
         r["vs_cache_only"] = round(r["seconds"] / cache_only[r["hosts"]], 2)
     if args.json:
-        print(json.dumps({"rate": args.rate, "model_bytes": size, "fill_rc": fill["rc"], "runs": results}, indent=2))
+        shaped = {"hosts": args.rate, "cache": args.cache_rate, "hub": args.hub_rate}
+        print(json.dumps({"rates": shaped, "model_bytes": size, "fill_rc": fill["rc"], "runs": results}, indent=2))
     else:
         print(
             f"model_peers: a {size / 2**20:.0f} MiB model, every link {args.rate} (tc HTB), staged on N sandbox hosts"
@@ -220,6 +225,14 @@ def main() -> int:
                 f"  {r['hosts']:>5}  {r['mode']:>5}  {b:>9}  {r['seconds']:>7.1f}  {r['cache_bytes'] / 2**20:>9.0f}"
                 f"  {r['peer_bytes'] / 2**20:>8.0f}  {r['hub_file_gets']:>8}  {r['vs_cache_only']:>7.2f}x  {r['rc']}"
             )
+        for r in results:
+            if r["mode"] == "peers" and r["hosts"] == 8:
+                verdict = "met" if r["vs_cache_only"] <= PEER_GOAL else "missed"
+                print(
+                    f"  8 hosts peer-assisted: {r['vs_cache_only']:.2f}x cache-only (goal <= {PEER_GOAL}x: {verdict})"
+                )
+        print("  (cache MiB: what the cache's nginx sent; peer MiB: the rest of N copies; hub GETs: file downloads"
+              " the hub served during the run)")  # fmt: skip
     return 0 if all(r["rc"] == 0 for r in results) and fill["rc"] == 0 else 1
 
 

@@ -4,6 +4,7 @@ refuses it (named, nothing changed, no fallback), a file corrupted on the cache 
 The last case leaves the cache slowed down (fleet_cache_limit_rate): nothing runs after it."""
 
 import json
+import os
 import re
 import subprocess
 import time
@@ -99,12 +100,15 @@ def test_peers_serve_later_batches_verified_files_only_and_stop_when_the_rollout
     before = len(cache.check_output("cat /var/log/nginx/rigops-fleet-cache.log").splitlines())
     since = rig1.check_output("date '+%Y-%m-%d %H:%M:%S'")
     try:
-        rc, out = ansible_playbook(PEERS)
+        rc, out = ansible_playbook(PEERS, "-v")
         assert rc == 0 and recap(out, "fc-rig1")["failed"] == recap(out, "fc-rig2")["failed"] == 0, out[-3000:]
+        journal = rig1.check_output(f"journalctl -u rigops-model-peer -o cat --no-pager --since '{since}'")
+        # the cache's token and the peer's key: on the host for the peer alone, never in what Ansible prints
+        key = Path(os.environ["MOLECULE_EPHEMERAL_DIRECTORY"], "tls", "fc-rig1.key").read_text().splitlines()[1]
+        for secret in ("fc-sandbox-token-4b1d", key):
+            assert secret not in out and secret not in journal
         served = {}  # URL path -> the peer's status for fc-rig2
-        for line in rig1.check_output(
-            f"journalctl -u rigops-model-peer -o cat --no-pager --since '{since}'"
-        ).splitlines():
+        for line in journal.splitlines():
             parts = line.split()
             if parts and parts[0] == rig2_ip:
                 served[parts[2]] = int(parts[3])
