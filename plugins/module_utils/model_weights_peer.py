@@ -33,12 +33,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlsplit
 
 from ansible_collections.rigops.fleet.plugins.module_utils.model_weights_plan import (
+    CHUNK,
     COMMIT_RE,
     cache_model_url,
     path_problem,
 )
 
-CHUNK = 1 << 20
 RANGE_RE = re.compile(r"\Abytes=(\d+)-(\d*)\Z")
 
 
@@ -93,7 +93,7 @@ def routes(config: dict) -> dict:
     """URL path -> (the file on disk, its entry of the listing), for every file the config lists."""
     table = {}
     for m in config["models"]:
-        base = urlsplit(cache_model_url("http://peer", m["hub"], m["id"], m["commit"])).path
+        base = cache_model_url("", m["hub"], m["id"], m["commit"])  # the URL's path: no base
         for f in m["files"]:
             table[base + f["path"]] = (os.path.join(m["path"], f["path"]), f)
     return table
