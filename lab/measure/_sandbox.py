@@ -189,13 +189,18 @@ def connection_env(connection: str, base: Mapping[str, str] | None = None) -> di
 
 
 def run_playbook(
-    playbook: str | Path, inventories: Iterable[str | Path], *extra: str, env: Mapping[str, str] | None = None
+    playbook: str | Path,
+    inventories: Iterable[str | Path],
+    *extra: str,
+    env: Mapping[str, str] | None = None,
+    cwd: Path = ROOT,
 ) -> Run:
-    """Run ansible-playbook from the project root (its ansible.cfg applies); only the run itself is timed."""
+    """Run ansible-playbook from the project root, or ``cwd`` (another checkout of it: its ansible.cfg
+    applies); only the run itself is timed."""
     cmd = playbook_cmd(playbook, inventories, *extra)
     before, busy_before = resource.getrusage(resource.RUSAGE_CHILDREN), proc_stat()[0]
     start = time.monotonic()
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False, env=dict(env or ENV))
+    proc = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False, env=dict(env or ENV))
     seconds = time.monotonic() - start
     after, busy_after = resource.getrusage(resource.RUSAGE_CHILDREN), proc_stat()[0]
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)

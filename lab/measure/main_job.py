@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Wall time of the main job, `site.yml -l gpu-rigs`, first run and no-op rerun (printed, never asserted).
 
-    ./rigops measure main_job [--rigs 1,2,4] [--mitogen] [--down] [--json]
+    ./rigops measure main_job [--rigs 1,2,4] [--mitogen] [--baseline COMMIT] [--down] [--json]
 
 On sandbox rigs of its own (bench-mj-1..4, profile rtx5090x8, SSH ports 2391-2394), each
 serving what the sandbox's rig-5090 serves (inventories/sandbox/host_vars/rig-5090).
@@ -15,6 +15,11 @@ removed and N are created afresh (creation is not timed), then
   containers' cgroups), and the controller's CPU per task per rig (the tasks of the rerun's
   PLAY RECAP: ok + failed + skipped, over its rigs), the figure docs/fleet-scale.md's
   calculator takes as --cpu-per-task;
+- with ``--baseline COMMIT``, the same rigs run that earlier commit of the project first (a copy of
+  its tree, ``git archive``, its own site.yml, ansible.cfg and sandbox groups): its first run from
+  bare and its no-op rerun, then HEAD's run over what it left (HEAD's "first run" of that row) and
+  HEAD's no-op rerun; the two reruns side by side: wall time, host tasks per rig, HEAD over the
+  baseline (goal: at most 0.5x over SSH);
 - with ``--mitogen``, one more no-op rerun under mitogen's strategy (strategy_plugins/), the
   same figures. The first run and the first rerun are over SSH, the default, whatever the
   caller exported (the driver stage reboots the rigs: mitogen-hq/mitogen#1251);
@@ -34,6 +39,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -45,6 +51,7 @@ PROFILE = "rtx5090x8"
 FIRST_PORT = 2391
 MAX_RIGS = 4  # ports 2391-2394; 2396-2398 belong to tests/integration/test_fleet.py
 FLOOR_GOAL = 1.15  # no-op rerun of 4 rigs against 1 rig, over the floor this machine sets
+BASELINE_GOAL = 0.5  # HEAD's no-op rerun over the baseline commit's, on the same rigs, over SSH
 NAMES = [f"bench-mj-{i}" for i in range(1, MAX_RIGS + 1)]
 
 
@@ -53,16 +60,18 @@ def inventory(hosts: list[dict]) -> dict:
     return sb.inventory("gpu-rigs", hosts, {"gpu_topology_expected_gpus": 8, **served})
 
 
-def site(workdir: Path, limit: str, containers: list[str], connection: str = "ssh") -> dict:
+def site(workdir: Path, limit: str, containers: list[str], connection: str = "ssh", root: Path = sb.ROOT) -> dict:
+    """One run of ``root``'s site.yml (the project, or a baseline commit's tree) on the rigs of ``limit``."""
     hosts_before = sb.hosts_cpu_seconds(containers)
     run = sb.run_playbook(
         "site.yml",
-        [workdir / "inventory.json", sb.SANDBOX_GROUPS],
+        [workdir / "inventory.json", root / sb.SANDBOX_GROUPS.relative_to(sb.ROOT)],
         "-l",
         limit,
         "-e",
         f"rigops_report_dir={workdir / 'reports'}",
         env=sb.connection_env(connection),
+        cwd=root,
     )
     report_file = workdir / "reports" / "latest.json"
     report = json.loads(report_file.read_text()) if report_file.exists() else {"hosts": []}
@@ -102,25 +111,52 @@ BUSY_SHARE = 0.1
 RERUNS = (("rerun", "SSH"), ("rerun_mitogen", "mitogen"))
 
 
-def measure(sizes: list[int], workdir: Path, mitogen: bool = False) -> dict:
+def checkout(commit: str, workdir: Path) -> tuple[str, Path]:
+    """The project's tree at ``commit`` (its full id, and the folder it is copied to under ``workdir``)."""
+    git = ["git", "-C", str(sb.ROOT)]
+    sha = subprocess.run(
+        [*git, "rev-parse", "--verify", f"{commit}^{{commit}}"], check=False, capture_output=True, text=True
+    )
+    if sha.returncode != 0:
+        raise ValueError(f"--baseline {commit}: not a commit of this repository ({sha.stderr.strip()})")
+    full = sha.stdout.strip()
+    tree = workdir / f"baseline-{full[:12]}"
+    tree.mkdir()
+    archive = subprocess.run([*git, "archive", full], capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+    return full, tree
+
+
+def measure(sizes: list[int], workdir: Path, mitogen: bool = False, baseline: str | None = None) -> dict:
     results: dict = {"sizes": {}}
+    base = checkout(baseline, workdir) if baseline else None
+    if base:
+        results["baseline"] = base[0]
     for size in sizes:
         hosts = bare_rigs(size)
         sb.write_json(workdir / "inventory.json", inventory(hosts))
         limit = ",".join(h["instance"] for h in hosts)
         containers = [h["container"] for h in hosts]
+        before = {}
+        if base:
+            base_first = site(workdir, limit, containers, root=base[1])
+            base_rerun = site(workdir, limit, containers, root=base[1]) if base_first["rc"] == 0 else base_first
+            before = {"first": {k: base_first[k] for k in ("seconds", "rc", "changed")},
+                      "rerun": {k: base_rerun[k] for k in RERUN_KEYS}}  # fmt: skip
         first = site(workdir, limit, containers)
         rerun = site(workdir, limit, containers)
         row = results["sizes"][size] = {
             "first": {k: first[k] for k in ("seconds", "rc", "changed")},
             "rerun": {k: rerun[k] for k in RERUN_KEYS},
         }
+        if before:
+            row["baseline"] = before
         if mitogen and not (first["rc"] or rerun["rc"]):
             again = site(workdir, limit, containers, "mitogen")
             row["rerun_mitogen"] = {k: again[k] for k in RERUN_KEYS}
         if size == sizes[0]:
             results["stages"] = {h["host"]: h.get("stage_seconds", {}) for h in first["report"]["hosts"]}
-        if first["rc"] or rerun["rc"] or row.get("rerun_mitogen", {}).get("rc"):
+        if first["rc"] or rerun["rc"] or row.get("rerun_mitogen", {}).get("rc") or before.get("rerun", {}).get("rc"):
             break
     for key, _ in RERUNS:
         ratio = rerun_ratio(results["sizes"], os.cpu_count() or 1, key)
@@ -179,6 +215,31 @@ def _spent(rerun: dict) -> str:
     return f"{cpu['controller']:.1f}s + {rigs}"
 
 
+def baseline_lines(results: dict) -> list[str]:
+    """The baseline commit's no-op rerun beside HEAD's, per row (with --baseline)."""
+    if "baseline" not in results:
+        return []
+    lines = [f"  baseline {results['baseline'][:12]} first, on the same rigs (HEAD's first run is over what it left):"]
+    for size, r in results["sizes"].items():
+        base = r.get("baseline")
+        if not base:
+            continue
+        if base["first"]["rc"] or base["rerun"]["rc"]:
+            rc = base["first"]["rc"] or base["rerun"]["rc"]
+            lines.append(f"  {_rigs(size)}: the baseline's run failed (rc {rc})")
+            continue
+        per_rig = [x["tasks"] // size for x in (base["rerun"], r["rerun"])]
+        line = (
+            f"  no-op rerun over SSH, {_rigs(size)}: baseline {base['rerun']['seconds']:.1f}s "
+            f"({per_rig[0]} host tasks per rig), HEAD {r['rerun']['seconds']:.1f}s ({per_rig[1]} host tasks per rig)"
+        )
+        if base["rerun"]["seconds"] and r["rerun"]["rc"] == 0:
+            ratio = r["rerun"]["seconds"] / base["rerun"]["seconds"]
+            line += f" = {ratio:.2f}x (goal <= {BASELINE_GOAL}x: {'met' if ratio <= BASELINE_GOAL else 'missed'})"
+        lines.append(line)
+    return lines
+
+
 def format_results(results: dict) -> str:
     lines = ["main job (site.yml -l gpu-rigs) on sandbox rigs, profile rtx5090x8, cpu vLLM, tiny model"]
     for host, stages in results.get("stages", {}).items():
@@ -194,6 +255,7 @@ def format_results(results: dict) -> str:
             f"{r['rerun']['changed']:>13}  {_spent(r['rerun']):>28}{note}"
         )
     lines.append("  (each row starts from that many bare rigs, created afresh)")
+    lines += baseline_lines(results)
     for size, r in results["sizes"].items():
         if "rerun_mitogen" in r:
             again = r["rerun_mitogen"]
@@ -238,6 +300,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rigs", default="1,2,4", help=f"fleet sizes (default 1,2,4; at most {MAX_RIGS})")
     parser.add_argument("--mitogen", action="store_true", help="one more no-op rerun, under mitogen's strategy")
+    parser.add_argument(
+        "--baseline", metavar="COMMIT", help="an earlier commit whose run and no-op rerun go first on the same rigs"
+    )
     parser.add_argument("--down", action="store_true", help="remove the rigs at the end")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args(argv)
@@ -251,7 +316,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="rigops-bench-") as tmp:
-        results = measure(args.sizes, Path(tmp), args.mitogen)
+        try:
+            results = measure(args.sizes, Path(tmp), args.mitogen, args.baseline)
+        except ValueError as exc:
+            print(exc, file=sys.stderr)
+            return 2
     if args.down:
         sb.fleet_down(NAMES)
     print(json.dumps(results, indent=2) if args.json else format_results(results))

@@ -282,10 +282,14 @@ def fake_fleet(monkeypatch, site_rcs=None):
 
     rcs = iter(site_rcs or [])
 
-    def site(workdir, limit, containers, connection="ssh"):
+    def site(workdir, limit, containers, connection="ssh", root=sb.ROOT):
         rigs = limit.split(",")
         assert containers == [f"rigops-{r}" for r in rigs]
         log.append(("site", rigs) if connection == "ssh" else ("site", rigs, connection))
+        if root != sb.ROOT:
+            log[-1] += (root.name,)
+            return {"seconds": 40.0, "rc": next(rcs, 0), "changed": 0, "tasks": 300 * len(rigs),
+                    "cpu": {"controller": 30.0, "rigs": 9.0}, "others": 0.2, "report": {"hosts": []}}  # fmt: skip
         report = {"hosts": [{"host": r, "stage_seconds": {"driver": 1.0}} for r in rigs]}
         scale = 1.0 if connection == "ssh" else 0.5
         cpu = {"controller": 5.0 * len(rigs) * scale, "rigs": 3.0 * len(rigs) * scale}
@@ -335,6 +339,30 @@ def test_main_job_mitogen_reruns_after_the_ssh_rerun_and_gets_its_own_ratio(monk
     assert "  floor on this machine: the rerun under mitogen of 4 rigs took 16.0 CPU-s" in text
     over = results["rerun_mitogen_ratio"]["over_floor"]
     assert f"  wall over the floor (at least 1x): {over:.2f}x (goal <= 1.15x: missed)" in text
+
+
+def test_main_job_baseline_runs_first_on_the_same_rigs_and_sits_beside_head(monkeypatch, tmp_path):
+    log = fake_fleet(monkeypatch)
+    monkeypatch.setattr(main_job, "checkout", lambda commit, workdir: ("ab" * 20, workdir / "baseline-tree"))
+    results = main_job.measure([1], tmp_path, baseline="HEAD~3")
+    # one fresh rig: the baseline's first run and rerun from its own tree, then HEAD's run and rerun
+    assert log[2:] == [("site", ["bench-mj-1"], "baseline-tree")] * 2 + [("site", ["bench-mj-1"])] * 2
+    assert results["baseline"] == "ab" * 20
+    assert results["sizes"][1]["baseline"]["rerun"]["tasks"] == 300
+    text = main_job.format_results(results)
+    assert "  baseline abababababab first, on the same rigs (HEAD's first run is over what it left):" in text
+    assert (
+        "  no-op rerun over SSH, 1 rig: baseline 40.0s (300 host tasks per rig), HEAD 10.0s (50 host tasks per rig)"
+        " = 0.25x (goal <= 0.5x: met)"
+    ) in text
+
+
+def test_main_job_baseline_must_be_a_commit_and_is_the_tree_at_it(tmp_path):
+    with pytest.raises(ValueError, match="--baseline no-such-ref: not a commit of this repository"):
+        main_job.checkout("no-such-ref", tmp_path)
+    full, tree = main_job.checkout("HEAD", tmp_path)
+    assert len(full) == 40 and (tree / "site.yml").is_file() and (tree / "inventories/sandbox/groups.yml").is_file()
+    assert (tree / ".collections/ansible_collections/rigops/fleet").is_symlink()
 
 
 def test_benchmarks_set_their_own_connection(monkeypatch):
