@@ -1,0 +1,125 @@
+#!/usr/bin/python
+# Copyright: rigops contributors
+# GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
+
+
+DOCUMENTATION = r"""
+---
+module: stage_record
+short_description: Record on the host that a stage of a job started, passed or failed
+description:
+  - Writes the stage's record, C(<stage>.json), atomically (mode 0644), making its folder (0755) when it is
+    missing. C(started) holds the time; C(passed) adds the stage's seconds and summary; C(failed) the
+    task that failed. playbooks/report.yml reads these records; a stage counts as passed only when its record
+    says so, so a run that dies half-way leaves C(started) behind.
+  - Returns the stage and the controller's clock it was given, for the playbook to time the stage
+    (C(register)), in one call per stage boundary.
+  - The record is the run's bookkeeping, rewritten by every run, so the module never reports a change.
+  - Logic in plugins/module_utils/stage_record.py.
+version_added: "0.1.0"
+author: rigops contributors (@rigops)
+options:
+  path:
+    description: The record file, C(<rigops_stage_record_dir>/<stage>.json).
+    type: path
+    required: true
+  stage:
+    description: The stage's name.
+    type: str
+    required: true
+  status:
+    description: What to record.
+    type: str
+    required: true
+    choices: [started, passed, failed]
+  clock:
+    description: The controller's time at the stage's start (seconds since the epoch), returned as given.
+    type: float
+  seconds:
+    description: How long the stage took (C(passed)).
+    type: float
+  summary:
+    description: The figures the stage's role published for the report (C(passed)).
+    type: dict
+    default: {}
+  task:
+    description: The task that failed (C(failed)).
+    type: str
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+  - rigops.fleet.attributes
+attributes:
+  check_mode:
+    support: full
+    details: Returns the record it would write, writes nothing.
+  diff_mode:
+    support: none
+"""
+
+EXAMPLES = r"""
+- name: Stage | Record that it started
+  rigops.fleet.stage_record:
+    path: /var/lib/rigops/stages/driver.json
+    stage: driver
+    status: started
+    clock: "{{ now().timestamp() }}"
+  register: rigops_stage_started
+
+- name: Stage | Record that it passed, with its figures
+  rigops.fleet.stage_record:
+    path: /var/lib/rigops/stages/driver.json
+    stage: driver
+    status: passed
+    seconds: 20.9
+    summary: {version: "595.45.04", gpu_count: 8}
+"""
+
+RETURN = r"""
+stage:
+  description: The stage.
+  returned: always
+  type: str
+  sample: driver
+clock:
+  description: The clock given, or the host's time when none was.
+  returned: always
+  type: float
+  sample: 1796000000.25
+record:
+  description: What the record file holds (or would, in check mode).
+  returned: always
+  type: dict
+  sample: {"stage": "driver", "status": "started", "time": "2026-12-05T21:00:00.123456+00:00"}
+"""
+
+import time
+
+from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.rigops.fleet.plugins.module_utils.stage_record import stage_record, write_record
+
+
+def main():
+    module = AnsibleModule(
+        argument_spec={
+            "path": {"type": "path", "required": True},
+            "stage": {"type": "str", "required": True},
+            "status": {"type": "str", "required": True, "choices": ["started", "passed", "failed"]},
+            "clock": {"type": "float"},
+            "seconds": {"type": "float"},
+            "summary": {"type": "dict", "default": {}},
+            "task": {"type": "str"},
+        },
+        supports_check_mode=True,
+    )
+    p = module.params
+    clock = p["clock"] if p["clock"] is not None else time.time()
+    record = stage_record(p["stage"], p["status"], seconds=p["seconds"], summary=p["summary"], task=p["task"])
+    try:
+        write_record(p["path"], record, dry_run=module.check_mode)
+    except OSError as exc:
+        module.fail_json(msg=f"stage_record: {p['path']}: {exc}", stage=p["stage"], clock=clock, record=record)
+    module.exit_json(changed=False, stage=p["stage"], clock=clock, record=record)
+
+
+if __name__ == "__main__":
+    main()

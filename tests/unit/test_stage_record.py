@@ -1,0 +1,45 @@
+"""The stage records a job writes on each host (plugins/module_utils/stage_record.py), read back by the
+report's filter (plugins/filter/report.py)."""
+
+import datetime
+import json
+import stat
+
+import pytest
+from ansible_collections.rigops.fleet.plugins.module_utils.stage_record import record_text, stage_record, write_record
+
+WHEN = datetime.datetime(2026, 12, 5, 21, 0, 0, 123456, tzinfo=datetime.UTC)
+
+
+def test_each_status_holds_what_the_report_reads():
+    assert stage_record("driver", "started", now=WHEN) == {
+        "stage": "driver", "status": "started", "time": "2026-12-05T21:00:00.123456+00:00",
+    }  # fmt: skip
+    passed = stage_record("driver", "passed", seconds=20.9, summary={"gpu_count": 8}, now=WHEN)
+    assert passed["seconds"] == 20.9 and passed["summary"] == {"gpu_count": 8} and "task" not in passed
+    failed = stage_record("services", "failed", task="Gate | vllm_endpoint on chat", now=WHEN)
+    assert failed["task"] == "Gate | vllm_endpoint on chat" and "summary" not in failed
+    assert stage_record("weights", "passed", now=WHEN)["summary"] == {}
+    with pytest.raises(ValueError, match="status must be one of started, passed, failed; got 'done'"):
+        stage_record("driver", "done")
+
+
+def test_the_file_is_what_to_nice_json_wrote_before(tmp_path):
+    """Records written by earlier releases (to_nice_json) and by this one read alike: sorted keys, 4 spaces."""
+    record = stage_record("topology", "passed", seconds=3.4, summary={"p2p": "ok", "gpu_count": 8}, now=WHEN)
+    text = record_text(record)
+    assert text.endswith("}\n") and text.index('"seconds"') < text.index('"stage"') < text.index('"status"')
+    assert '\n    "summary": {\n        "gpu_count": 8,' in text
+    assert json.loads(text) == record
+
+
+def test_written_atomically_with_its_folder_and_modes(tmp_path):
+    path = tmp_path / "stages" / "driver.json"
+    write_record(str(path), stage_record("driver", "started", now=WHEN), dry_run=True)
+    assert not path.parent.exists()  # check mode: nothing on the host
+    write_record(str(path), stage_record("driver", "started", now=WHEN))
+    assert stat.S_IMODE(path.parent.stat().st_mode) & 0o755 == 0o755
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    write_record(str(path), stage_record("driver", "passed", seconds=1.0, now=WHEN))
+    assert json.loads(path.read_text())["status"] == "passed"
+    assert sorted(p.name for p in path.parent.iterdir()) == ["driver.json"]  # no temporary file left
