@@ -30,6 +30,20 @@ def stage_record(stage, status, seconds=None, summary=None, task=None, now=None)
     return record
 
 
+def stage_results(results, record, check_mode):
+    """The run's stage results (``results``: stage to its result) with ``record``'s stage added once it passed
+    or failed: its status, whether the run was a check, its seconds (passed) or its task (failed). A start
+    adds nothing."""
+    if record["status"] == "started":
+        return dict(results or {})
+    result = {"status": record["status"], "check_mode": bool(check_mode)}
+    if record["status"] == "passed":
+        result["seconds"] = record["seconds"]
+    else:
+        result["task"] = record["task"]
+    return {**(results or {}), record["stage"]: result}
+
+
 def record_text(record):
     """The file's text: what Ansible's to_nice_json writes (sorted keys, four spaces), and a newline."""
     return json.dumps(record, indent=4, sort_keys=True, separators=(",", ": ")) + "\n"

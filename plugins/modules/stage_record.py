@@ -13,7 +13,7 @@ description:
     task that failed. playbooks/report.yml reads these records; a stage counts as passed only when its record
     says so, so a run that dies half-way leaves C(started) behind.
   - Returns the stage and the controller's clock it was given, for the playbook to time the stage
-    (C(register)), in one call per stage boundary.
+    (C(register)), and the run's stage results with this stage's added, in one call per stage boundary.
   - The record is the run's bookkeeping, rewritten by every run, so the module never reports a change.
   - Logic in plugins/module_utils/stage_record.py.
 version_added: "0.1.0"
@@ -45,6 +45,12 @@ options:
   task:
     description: The task that failed (C(failed)).
     type: str
+  results:
+    description:
+      - The run's stage results so far (stage to status, check mode, seconds; a failed one's task and message),
+        returned with this stage's added (C(passed) and C(failed)).
+    type: dict
+    default: {}
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - rigops.fleet.attributes
@@ -72,6 +78,8 @@ EXAMPLES = r"""
     status: passed
     seconds: 20.9
     summary: {version: "595.45.04", gpu_count: 8}
+    results: "{{ rigops_stage_done.results | default({}) }}"
+  register: rigops_stage_done
 """
 
 RETURN = r"""
@@ -85,6 +93,11 @@ clock:
   returned: always
   type: float
   sample: 1796000000.25
+results:
+  description: The run's stage results given, with this stage's added when it passed or failed.
+  returned: always
+  type: dict
+  sample: {"driver": {"status": "passed", "check_mode": false, "seconds": 20.9}}
 record:
   description: What the record file holds (or would, in check mode).
   returned: always
@@ -95,7 +108,7 @@ record:
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.rigops.fleet.plugins.module_utils.stage_record import stage_record, write_record
+from ansible_collections.rigops.fleet.plugins.module_utils.stage_record import stage_record, stage_results, write_record
 
 
 def main():
@@ -108,17 +121,21 @@ def main():
             "seconds": {"type": "float"},
             "summary": {"type": "dict", "default": {}},
             "task": {"type": "str"},
+            "results": {"type": "dict", "default": {}},
         },
         supports_check_mode=True,
     )
     p = module.params
     clock = p["clock"] if p["clock"] is not None else time.time()
     record = stage_record(p["stage"], p["status"], seconds=p["seconds"], summary=p["summary"], task=p["task"])
+    results = stage_results(p["results"], record, module.check_mode)
     try:
         write_record(p["path"], record, dry_run=module.check_mode)
     except OSError as exc:
-        module.fail_json(msg=f"stage_record: {p['path']}: {exc}", stage=p["stage"], clock=clock, record=record)
-    module.exit_json(changed=False, stage=p["stage"], clock=clock, record=record)
+        module.fail_json(
+            msg=f"stage_record: {p['path']}: {exc}", stage=p["stage"], clock=clock, record=record, results=results
+        )
+    module.exit_json(changed=False, stage=p["stage"], clock=clock, record=record, results=results)
 
 
 if __name__ == "__main__":

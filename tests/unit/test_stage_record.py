@@ -6,7 +6,12 @@ import json
 import stat
 
 import pytest
-from ansible_collections.rigops.fleet.plugins.module_utils.stage_record import record_text, stage_record, write_record
+from ansible_collections.rigops.fleet.plugins.module_utils.stage_record import (
+    record_text,
+    stage_record,
+    stage_results,
+    write_record,
+)
 
 WHEN = datetime.datetime(2026, 12, 5, 21, 0, 0, 123456, tzinfo=datetime.UTC)
 
@@ -43,3 +48,13 @@ def test_written_atomically_with_its_folder_and_modes(tmp_path):
     write_record(str(path), stage_record("driver", "passed", seconds=1.0, now=WHEN))
     assert json.loads(path.read_text())["status"] == "passed"
     assert sorted(p.name for p in path.parent.iterdir()) == ["driver.json"]  # no temporary file left
+
+
+def test_the_runs_results_gain_each_stage_that_ends():
+    driver = stage_record("driver", "passed", seconds=20.9, now=WHEN)
+    results = stage_results({}, driver, check_mode=False)
+    assert results == {"driver": {"status": "passed", "check_mode": False, "seconds": 20.9}}
+    assert stage_results(results, stage_record("topology", "started", now=WHEN), check_mode=False) == results
+    failed = stage_results(results, stage_record("topology", "failed", task="Check | Stop", now=WHEN), True)
+    assert failed["topology"] == {"status": "failed", "check_mode": True, "task": "Check | Stop"}
+    assert failed["driver"] == results["driver"] and "topology" not in results  # the input is left as it was
