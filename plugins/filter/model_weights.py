@@ -1,7 +1,11 @@
 # Copyright: rigops contributors
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
-"""The model_weights role's peers (model_weights_peers) as filters, run on the controller.
+"""The model_weights role's record of what is staged, and its peers (model_weights_peers), as filters run on
+the controller.
 
+- ``placed | staged_record``: model_weights_staged, for each instance where its model lies
+  (``{instance: {"path", "source", "id", "revision", "commit", "trust_remote_code"}}``, docs/instances.md),
+  from the module's results for the models placed (those without a path left out);
 - ``stage_results | peer_models``: the host's staged ``fleet_cache`` models as its peer serves them:
   ``[{"hub", "id", "commit", "path", "files": [{"path", "size", "sha256"}]}]`` (the marker's files);
 - ``peer_models | peer_refs``: the ``<hub>/<id>@<commit>`` a peer publishes, which the pulling host's
@@ -9,6 +13,24 @@
 """
 
 from ansible_collections.rigops.fleet.plugins.module_utils.model_weights import peer_model_ref
+
+
+def staged_record(placed):
+    out = {}
+    for r in placed or []:
+        if "path" not in r:
+            continue
+        item = r["item"]
+        for instance in item.get("instances") or []:
+            out[instance] = {
+                "path": r["path"],
+                "source": item["source"],
+                "id": item["id"],
+                "revision": item["revision"],
+                "commit": r.get("commit") or "",
+                "trust_remote_code": r.get("trust_remote_code") or False,
+            }
+    return out
 
 
 def peer_models(results):
@@ -35,4 +57,4 @@ def peer_refs(models):
 
 class FilterModule:
     def filters(self):
-        return {"peer_models": peer_models, "peer_refs": peer_refs}
+        return {"staged_record": staged_record, "peer_models": peer_models, "peer_refs": peer_refs}

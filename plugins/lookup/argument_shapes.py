@@ -30,13 +30,20 @@ options:
 """
 
 EXAMPLES = r"""
-- name: Preflight | Variables are of the kinds meta/argument_specs.yml gives them
+- name: Preflight | Variables are of their kinds and consistent
   ansible.builtin.assert:
-    that: fleet_cache__shapes | length == 0
-    fail_msg: "{{ inventory_hostname }}: {{ fleet_cache__shapes | join('; ') }}"
+    that: fleet_cache__refused | length == 0
+    fail_msg: "{{ inventory_hostname }}: {{ fleet_cache__refused | join('; ') }}"
     quiet: true
   vars:
+    fleet_cache__rules:
+      - ok: "{{ fleet_cache_port | int in range(1, 65536) }}"
+        msg: fleet_cache_port must be a TCP port from 1 to 65535; got {{ fleet_cache_port | to_json }}
+    # the kinds first: a value of the wrong kind would make a rule fail to evaluate, not refuse it
     fleet_cache__shapes: "{{ query('rigops.fleet.argument_shapes', role_path) }}"
+    fleet_cache__refused: >-
+      {{ fleet_cache__shapes if fleet_cache__shapes | length > 0
+         else fleet_cache__rules | rejectattr('ok') | map(attribute='msg') | list }}
 """
 
 RETURN = r"""

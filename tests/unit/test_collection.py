@@ -32,9 +32,9 @@ LEFT_OUT = {
 # The gpu-rigs job's plays (playbooks/gpu_rigs.yml, after site.yml's caches), each by the start of its name,
 # with a task of its own: the role's tasks come from the installed collection by their FQCN.
 STAGES = {
-    "Caches": "rigops.fleet.fleet_cache : Preflight | Variables are consistent",
+    "Caches": "rigops.fleet.fleet_cache : Preflight | Variables are of their kinds and consistent",
     "Preflight": "Preflight | A host belongs to one job",
-    "Driver": "rigops.fleet.nvidia_driver : Preflight | Supported system",
+    "Driver": "rigops.fleet.nvidia_driver : Preflight | Variables are of their kinds and consistent",
     "Topology": "rigops.fleet.gpu_topology : ",
     "Runtime": "rigops.fleet.vllm_runtime : Load the compatibility matrix",
     "Weights": "rigops.fleet.model_weights : ",

@@ -961,3 +961,24 @@ def test_a_corrupted_peer_copy_is_detected_and_fetched_again_from_the_cache(para
     assert [(r["peer"], r["path"]) for r in refused] == [(url, shard)] and "sha256" in refused[0]["why"]
     assert any(r[0].endswith(shard) and r[2] == 200 for r in source.requests)  # the cache sent it again
     assert shard not in result["peers"]["from_peers"].get(url, [])
+
+
+def test_staged_record_names_each_instance_of_each_placed_model():
+    """model_weights_staged (the role's publish.yml): every instance of a placed model, by where it lies; a
+    result without a path (a model skipped in a check run) names none."""
+    from ansible_collections.rigops.fleet.plugins.filter.model_weights import staged_record  # noqa: PLC0415
+
+    hub = {"source": "modelscope", "id": "Qwen/Qwen3-0.6B", "revision": "master", "instances": ["chat", "batch"]}
+    local = {"source": "local", "id": "", "revision": "", "instances": ["own"]}
+    placed = [
+        {"item": hub, "path": "/var/lib/rigops/models/modelscope/Qwen/Qwen3-0.6B/abc", "commit": "abc", "staged": True},
+        {"item": local, "path": "/srv/own", "trust_remote_code": True},
+        {"item": {**hub, "instances": ["later"]}, "skipped": True},
+    ]
+    record = staged_record(placed)
+    assert sorted(record) == ["batch", "chat", "own"]
+    assert record["chat"] == record["batch"] == {
+        "path": "/var/lib/rigops/models/modelscope/Qwen/Qwen3-0.6B/abc", "source": "modelscope",
+        "id": "Qwen/Qwen3-0.6B", "revision": "master", "commit": "abc", "trust_remote_code": False,
+    }  # fmt: skip
+    assert record["own"]["commit"] == "" and record["own"]["trust_remote_code"] is True

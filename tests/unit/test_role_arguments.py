@@ -80,8 +80,10 @@ def test_what_the_spec_says_passes_and_secrets_are_never_shown():
 
 # role: {case: (variables, stage, words)}; stage "spec": refused by Ansible's validation (the role's first
 # task); otherwise the name of the preflight task that refuses it. Every case must name its variable.
-SHAPES = "Preflight | Variables are of the kinds meta/argument_specs.yml gives them"
-CONSISTENT = "Preflight | Variables are consistent"
+# one task judges the kinds, then (when every kind is right) the rules between the values
+SHAPES = CONSISTENT = "Preflight | Variables are of their kinds and consistent"
+# a role without rules of its own (llm_clients) judges the kinds alone
+KINDS_ONLY = "Preflight | Variables are of the kinds meta/argument_specs.yml gives them"
 CASES = {
     "fleet_cache": {
         "port not a number": ({"fleet_cache_port": "http"}, "spec", "argument 'fleet_cache_port' is of type str"),
@@ -168,7 +170,7 @@ CASES = {
         ),
         "the name before 1.0.0": (
             {"gpu_topology_fail_on_gate": False},
-            "Preflight | No variable under its name before 1.0.0",
+            CONSISTENT,
             "gpu_topology_fail_on_gate is now gpu_topology_fail_host",
         ),
         "no GPU expected": (
@@ -190,7 +192,7 @@ CASES = {
         ),
         "no pause between rounds": (
             {"gpu_health_interval": 0},
-            "Preflight | Numbers in their ranges",
+            CONSISTENT,
             "gpu_health_interval must be 1 to 3600 seconds (got 0)",
         ),
         "a source it cannot read": (
@@ -200,12 +202,12 @@ CASES = {
         ),
         "a thermal limit in words": (
             {"gpu_health_thermal_limits": {"gpu": "hot"}},
-            "Preflight | Numbers in their ranges",
+            CONSISTENT,
             'gpu_health_thermal_limits degrees C per sensor (got {"gpu": "hot"})',
         ),
         "dcgmi by name": (
             {"gpu_health_dcgmi": "dcgmi"},
-            "Preflight | Numbers in their ranges",
+            CONSISTENT,
             'gpu_health_dcgmi an absolute path or "" (got "dcgmi")',
         ),
     },
@@ -244,7 +246,7 @@ CASES = {
         ),
         "model as a list": (
             {"llm_clients_active_model": ["chat"]},
-            SHAPES,
+            KINDS_ONLY,
             'llm_clients_active_model must be a string, not the list ["chat"]',
         ),
         "gateway not in the inventory": (

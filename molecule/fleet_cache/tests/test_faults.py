@@ -147,7 +147,8 @@ def test_the_cache_stopped_mid_pull_fails_clearly_and_the_next_run_resumes():
         CONVERGE, "-l", "fc-cache", "--tags", "fleet_cache_configure", "-e", "fleet_cache_limit_rate=50k"
     )
     assert rc == 0, out[-3000:]
-    assert "fleet_cache : Preflight | Variables are consistent" in out  # a part's tag runs the preflight too
+    # a part's tag runs the preflight too
+    assert "fleet_cache : Preflight | Variables are of their kinds and consistent" in out
     try:
         cmd, env = playbook_command(CONVERGE, "-l", "fc-rig1", "--tags", "model_weights")
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
