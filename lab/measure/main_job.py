@@ -242,8 +242,9 @@ def baseline_lines(results: dict) -> list[str]:
 
 def format_results(results: dict) -> str:
     lines = ["main job (site.yml -l gpu-rigs) on sandbox rigs, profile rtx5090x8, cpu vLLM, tiny model"]
+    first = "HEAD's run over the baseline's" if "baseline" in results else "first run"
     for host, stages in results.get("stages", {}).items():
-        lines.append(f"  first run per stage on {host}: " + ", ".join(f"{k} {v:.1f}s" for k, v in stages.items()))
+        lines.append(f"  {first} per stage on {host}: " + ", ".join(f"{k} {v:.1f}s" for k, v in stages.items()))
     lines.append(
         f"  {'rigs':>4}  {'first run':>10}  {'no-op rerun':>12}  {'rerun changed':>13}  "
         f"{'rerun CPU: controller + rigs':>28}"

@@ -351,6 +351,7 @@ def test_main_job_baseline_runs_first_on_the_same_rigs_and_sits_beside_head(monk
     assert results["sizes"][1]["baseline"]["rerun"]["tasks"] == 300
     text = main_job.format_results(results)
     assert "  baseline abababababab first, on the same rigs (HEAD's first run is over what it left):" in text
+    assert "  HEAD's run over the baseline's per stage on bench-mj-1: driver 1.0s" in text
     assert (
         "  no-op rerun over SSH, 1 rig: baseline 40.0s (300 host tasks per rig), HEAD 10.0s (50 host tasks per rig)"
         " = 0.25x (goal <= 0.5x: met)"
