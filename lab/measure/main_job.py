@@ -70,7 +70,8 @@ def site(workdir: Path, limit: str, containers: list[str], connection: str = "ss
         limit,
         "-e",
         f"rigops_report_dir={workdir / 'reports'}",
-        env=sb.connection_env(connection),
+        # that tree's ansible.cfg (and so its collection, .collections), not the one ./rigops exports
+        env={**sb.connection_env(connection), "ANSIBLE_CONFIG": str(root / "ansible.cfg")},
         cwd=root,
     )
     report_file = workdir / "reports" / "latest.json"

@@ -358,6 +358,23 @@ def test_main_job_baseline_runs_first_on_the_same_rigs_and_sits_beside_head(monk
     ) in text
 
 
+def test_main_job_runs_a_baseline_tree_with_its_own_config(monkeypatch, tmp_path):
+    """./rigops exports ANSIBLE_CONFIG for the checkout: a baseline's run must use its own tree's, or its
+    playbooks would find HEAD's collection."""
+    seen = {}
+
+    def run_playbook(playbook, inventories, *extra, env=None, cwd=None):
+        seen.update(env=env, cwd=cwd, inventories=list(inventories))
+        return sb.Run(1.0, 0, "", "")
+
+    monkeypatch.setattr(sb, "run_playbook", run_playbook)
+    monkeypatch.setattr(sb, "hosts_cpu_seconds", lambda containers: 0.0)
+    main_job.site(tmp_path, "bench-mj-1", ["rigops-bench-mj-1"], root=tmp_path / "tree")
+    assert seen["cwd"] == tmp_path / "tree"
+    assert seen["env"]["ANSIBLE_CONFIG"] == str(tmp_path / "tree" / "ansible.cfg")
+    assert seen["inventories"][1] == tmp_path / "tree" / "inventories" / "sandbox" / "groups.yml"
+
+
 def test_main_job_baseline_must_be_a_commit_and_is_the_tree_at_it(tmp_path):
     with pytest.raises(ValueError, match="--baseline no-such-ref: not a commit of this repository"):
         main_job.checkout("no-such-ref", tmp_path)
