@@ -7,6 +7,8 @@ short_description: Where one of this collection's module_utils files lies on the
 description:
   - Returns the path of a module_utils file of rigops.fleet that a host runs outside Ansible, so that a role
     installs it from the collection itself, wherever the collection is (a checkout or an installed artifact).
+  - With O(files_in), returns instead each file as an entry of M(rigops.fleet.host_files) in that folder
+    (its path there, its text, mode 0644), for a role that installs its files in one task.
   - Only the files hosts run outside Ansible are known, by name; anything else is refused.
 options:
   _terms:
@@ -14,6 +16,9 @@ options:
     required: true
     type: list
     elements: str
+  files_in:
+    description: The folder on the host the files go to; returns M(rigops.fleet.host_files) entries.
+    type: str
 """
 
 EXAMPLES = r"""
@@ -22,13 +27,20 @@ EXAMPLES = r"""
     src: "{{ lookup('rigops.fleet.module_util_file', 'vllm_config') }}"
     dest: /usr/local/lib/rigops-vllm/ansible_collections/rigops/fleet/plugins/module_utils/vllm_config.py
     mode: "0644"
+
+- name: Install the launcher and its logic in one task
+  rigops.fleet.host_files:
+    files: >-
+      {{ query('rigops.fleet.module_util_file', 'vllm_config', 'vllm_instances',
+               files_in='/usr/local/lib/rigops-vllm/ansible_collections/rigops/fleet/plugins/module_utils') }}
 """
 
 RETURN = r"""
 _raw:
-  description: The path of each named file on the controller.
+  description: The path of each named file on the controller; with O(files_in), an entry of
+    M(rigops.fleet.host_files) for each (path, content, mode).
   type: list
-  elements: path
+  elements: raw
 """
 
 from ansible.errors import AnsibleLookupError
@@ -78,10 +90,17 @@ SHIPPED = {
 
 class LookupModule(LookupBase):
     def run(self, terms, variables=None, **kwargs):
-        paths = []
+        self.set_options(var_options=variables, direct=kwargs)
+        folder = self.get_option("files_in")
+        found = []
         for name in terms:
             if name not in SHIPPED:
                 known = ", ".join(sorted(SHIPPED))
                 raise AnsibleLookupError(f"module_util_file: {name!r} is not a file hosts run; known: {known}")
-            paths.append(SHIPPED[name].__file__)
-        return paths
+            path = SHIPPED[name].__file__
+            if folder:
+                with open(path, encoding="utf-8") as handle:
+                    found.append({"path": f"{folder.rstrip('/')}/{name}.py", "mode": "0644", "content": handle.read()})
+            else:
+                found.append(path)
+        return found
