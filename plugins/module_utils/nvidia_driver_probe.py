@@ -43,6 +43,24 @@ def parse_dpkg(text, package_regex):
     return packages, holds
 
 
+def names_regex(names):
+    """A regular expression for parse_dpkg that matches exactly ``names`` (none when there are none)."""
+    return "^(" + "|".join(re.escape(n) for n in names) + ")$" if names else r"(?!)"
+
+
+def dead_proxies(proxies, connect):
+    """The local proxies (``host:port``, a host in brackets for IPv6) that ``connect((host, port))`` cannot reach:
+    a proxy variable that points at a dead local proxy breaks apt and every download."""
+    dead = []
+    for proxy in proxies:
+        host, port = proxy.rpartition(":")[::2]
+        try:
+            connect((host.strip("[]"), int(port)))
+        except (OSError, ValueError):
+            dead.append(proxy)
+    return dead
+
+
 def parse_lsmod(text):
     """The module names of lsmod's output (its header line left out)."""
     lines = text.splitlines()

@@ -45,6 +45,18 @@ options:
     description: The device tree's model, which names a Jetson board.
     type: path
     default: /proc/device-tree/model
+  other_packages:
+    description: Packages besides the driver whose installed versions to report (build prerequisites, a pin).
+    type: list
+    elements: str
+    default: []
+  proxies:
+    description:
+      - Local proxies (C(host:port)) the host's environment names; each one nothing listens on is returned and
+        warned about (apt, pip and hub downloads through it fail). A warning, not a failure, it may be wanted.
+    type: list
+    elements: str
+    default: []
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - rigops.fleet.attributes
@@ -85,6 +97,17 @@ packages:
   returned: always
   type: dict
   sample: {"nvidia-driver-595-open": "595.45.04-0ubuntu1"}
+other_packages:
+  description: Of O(other_packages), those installed and their versions.
+  returned: always
+  type: dict
+  sample: {"dkms": "3.0.10-8+deb12u1"}
+dead_proxies:
+  description: Of O(proxies), those nothing listens on (each is warned about).
+  returned: always
+  type: list
+  elements: str
+  sample: ["127.0.0.1:7890"]
 holds:
   description: Every package dpkg holds.
   returned: always
@@ -111,11 +134,14 @@ serving_units:
 """
 
 import os
+import socket
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.rigops.fleet.plugins.module_utils.nvidia_driver_probe import (
     DPKG_FORMAT,
+    dead_proxies,
     is_jetson,
+    names_regex,
     nvidia_pci_devices,
     parse_dpkg,
     parse_lsmod,
@@ -145,6 +171,8 @@ def main():
             "proc_version_file": {"type": "path", "default": "/proc/driver/nvidia/version"},
             "tegra_release_file": {"type": "path", "default": "/etc/nv_tegra_release"},
             "device_tree_model_file": {"type": "path", "default": "/proc/device-tree/model"},
+            "other_packages": {"type": "list", "elements": "str", "default": []},
+            "proxies": {"type": "list", "elements": "str", "default": []},
         },
         supports_check_mode=True,
     )
@@ -154,16 +182,28 @@ def main():
     units = output(
         module, "systemctl", "list-units", "--state=active", "--plain", "--no-legend", p["serving_units_pattern"]
     )
+    others = parse_dpkg(dpkg, names_regex(p["other_packages"]))[0]
+    jetson = is_jetson(os.path.exists(p["tegra_release_file"]), read_text(p["device_tree_model_file"]))
+    if jetson:
+        module.warn("a Jetson: its GPU driver comes with L4T/JetPack, so nvidia_driver changes nothing here")
+    dead = dead_proxies(p["proxies"], lambda address: socket.create_connection(address, timeout=2).close())
+    for proxy in dead:
+        module.warn(
+            f"a proxy is set at {proxy} but nothing listens there; apt, pip and hub downloads will fail with "
+            '"proxy failed". Start the proxy or remove the variable.'
+        )
     module.exit_json(
         changed=False,
-        jetson=is_jetson(os.path.exists(p["tegra_release_file"]), read_text(p["device_tree_model_file"])),
+        jetson=jetson,
         pci_devices=nvidia_pci_devices(p["sysfs_root"]),
         secure_boot=parse_sb_state(output(module, "mokutil", "--sb-state")),
         packages=packages,
+        other_packages=others,
         holds=holds,
         loaded_modules=parse_lsmod(output(module, "lsmod")),
         loaded_version=parse_proc_version(read_text(p["proc_version_file"])),
         serving_units=parse_units(units),
+        dead_proxies=dead,
     )
 
 

@@ -5,7 +5,9 @@ from pathlib import Path
 
 import pytest
 from ansible_collections.rigops.fleet.plugins.module_utils.nvidia_driver_probe import (
+    dead_proxies,
     is_jetson,
+    names_regex,
     nvidia_pci_devices,
     parse_dpkg,
     parse_lsmod,
@@ -112,3 +114,31 @@ def test_loaded_modules_with_and_without_lsmods_header():
     assert nouveau[:2] == ["nouveau", "ttm"] and "nvidia" not in nouveau
     # lsmod | grep: no header line
     assert parse_lsmod(real("l03"))[:5] == ["nvidia_uvm", "nvidia_drm", "nvidia_modeset", "nvidia", "drm_kms_helper"]
+
+
+def test_other_packages_are_read_by_exact_name():
+    text = (
+        "install ok installed\tdkms\t3.0.10-8+deb12u1\n"
+        "install ok installed\tdkms-extra\t1\n"
+        "deinstall ok config-files\tnvidia-driver-pinning-595\t595.45.04-1\n"
+    )
+    assert parse_dpkg(text, names_regex(["dkms", "nvidia-driver-pinning-595"]))[0] == {"dkms": "3.0.10-8+deb12u1"}
+    assert parse_dpkg(text, names_regex([]))[0] == {}
+    assert parse_dpkg("install ok installed\tg++\t12\n", names_regex(["g++"]))[0] == {"g++": "12"}
+
+
+def test_dead_local_proxies_are_named(tmp_path):
+    import socket  # noqa: PLC0415
+
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        alive = f"127.0.0.1:{listening.getsockname()[1]}"
+        with socket.socket() as closed:
+            closed.bind(("127.0.0.1", 0))
+            dead = f"127.0.0.1:{closed.getsockname()[1]}"  # bound, not listening: refused
+
+        def connect(address):
+            socket.create_connection(address, timeout=2).close()
+
+        assert dead_proxies([alive, dead, "[::1]:notaport"], connect) == [dead, "[::1]:notaport"]
