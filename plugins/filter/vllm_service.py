@@ -8,6 +8,10 @@
   (each file's policy, then their placement: ports, names, memory per GPU), before any is written;
 - ``rigops.fleet.vllm_toml(config, header, launcher)``: the whole text of one config.toml, written
   by a TOML library (tomli-w) under the ``ansible_managed`` header and the file's comments;
+- ``configs | rigops.fleet.vllm_config_files(header, launcher, root, group)``: each config.toml as an entry of
+  rigops.fleet.host_files (its text, owner, mode, and the launcher's --check as its validation);
+- ``changed_paths | rigops.fleet.vllm_changed_instances(names, root, unit_dir)``: the instances whose folder
+  (config, key) or drop-ins a host_files task changed;
 - ``rigops.fleet.vllm_devices(instances, flavour, gpu_facts, extra)``: per instance, the device nodes its
   unit may open (the drop-in devices.conf), minor numbers from the GPU facts
   (vllm_devices.device_plans);
@@ -104,6 +108,32 @@ def vllm_toml(config, header, launcher):
     return render_toml(config, header, launcher)
 
 
+def vllm_config_files(configs, header, launcher, root, group):
+    """Each config.toml (``root``/<instance>/config.toml, root:``group`` 0640) as a rigops.fleet.host_files entry,
+    checked by the launcher (``launcher`` --check) before it replaces the old one."""
+    return [
+        {
+            "path": f"{root}/{config['server']['instance']}/config.toml",
+            "content": render_toml(config, header, launcher),
+            "group": str(group),
+            "mode": "0640",
+            "validate": f"{launcher} --check %s",
+        }
+        for config in _plain(configs)
+    ]
+
+
+def vllm_changed_instances(changed_paths, names, root, unit_dir):
+    """The instances (of ``names``) with a changed path (a rigops.fleet.host_files result's changed_paths) in their
+    folder (``root``/<name>/: config, key) or their drop-in folder (``unit_dir``/vllm@<name>.service.d/)."""
+    changed = list(_plain(changed_paths or {}))
+    return [
+        name
+        for name in _plain(names)
+        if any(p.startswith((f"{root}/{name}/", f"{unit_dir}/vllm@{name}.service.d/")) for p in changed)
+    ]
+
+
 def vllm_devices_filter(instances, flavour, gpu_facts=None, extra=None):
     try:
         return vllm_devices.device_plans(
@@ -148,6 +178,8 @@ class FilterModule:
             "vllm_configs": vllm_configs,
             "vllm_preflight": vllm_preflight,
             "vllm_toml": vllm_toml,
+            "vllm_config_files": vllm_config_files,
+            "vllm_changed_instances": vllm_changed_instances,
             "vllm_devices": vllm_devices_filter,
             "vllm_config_changes": vllm_config_changes,
         }

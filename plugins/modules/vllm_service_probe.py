@@ -60,6 +60,15 @@ options:
         string to judge every time. The newest 64 are kept.
     type: str
     default: /var/cache/rigops/vllm-args
+  masked_files:
+    description: Files the instances see as C(/dev/null); those present on the host are returned (RV(masked_present)).
+    type: list
+    elements: path
+    default: []
+  host_name:
+    description: The host's name in the inventory, for the refusal's message.
+    type: str
+    default: ""
   keep_verdicts:
     description:
       - Write a clean verdict to O(cache_dir) (one kept is read either way). Never in check mode; the role's task
@@ -82,13 +91,15 @@ EXAMPLES = r"""
 
 RETURN = r"""
 problems:
-  description: What the host refuses, one message per problem (file, key, fix); empty when all is well.
+  description:
+    - What the host refuses, one message per problem (file, key, fix); empty when all is well. The module fails
+      when there is one, its message the host's refusal.
   type: list
   elements: str
   returned: always
   sample: ["/etc/vllm/chat/config.toml: [model] max_model_len: 65536 is more than the model allows (32768 tokens)"]
 notes:
-  description: What is worth knowing but refuses nothing (code a model ships and does not run, ...).
+  description: What is worth knowing but refuses nothing (code a model ships and does not run, ...); each is warned.
   type: list
   elements: str
   returned: always
@@ -110,6 +121,18 @@ orphan_ports:
   type: dict
   returned: always
   sample: {old-chat: 8000}
+active:
+  description: The instances of O(configs) whose unit is active now.
+  type: list
+  elements: str
+  returned: always
+  sample: [chat]
+masked_present:
+  description: Of O(masked_files), those present on the host.
+  type: list
+  elements: str
+  returned: always
+  sample: [/etc/gai.conf]
 extra_args_checked:
   description: Instances whose extra_args vLLM's parser judged (now, or in a kept verdict).
   type: list
@@ -133,6 +156,7 @@ import time
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible_collections.rigops.fleet.plugins.module_utils.state_file import write_atomic
+from ansible_collections.rigops.fleet.plugins.module_utils.systemd_units import active_units
 from ansible_collections.rigops.fleet.plugins.module_utils.vllm_config import (
     PARSE_EXTRA_ARGS_SOURCE,
     build_argv,
@@ -351,6 +375,8 @@ def main():
             "timeout": {"type": "int", "default": 600},
             "cache_dir": {"type": "str", "default": "/var/cache/rigops/vllm-args"},
             "keep_verdicts": {"type": "bool", "default": True},
+            "masked_files": {"type": "list", "elements": "path", "default": []},
+            "host_name": {"type": "str", "default": ""},
         },
         supports_check_mode=True,
     )
@@ -397,16 +423,26 @@ def main():
                 "in use'; give it another port, or let the role remove the old instance (vllm_service_keep_orphans: "
                 "false)"
             )
-    module.exit_json(
-        changed=False,
-        problems=problems,
-        notes=notes,
-        orphans=found,
-        orphan_folders=[n for n in found if n in folders],
-        orphan_ports=ports,
-        extra_args_checked=checked,
-        extra_args_cached=cached,
-    )
+    units = [f"vllm@{c['server']['instance']}.service" for c in cfgs]
+    systemctl = module.get_bin_path("systemctl")
+    is_active = module.run_command([systemctl, "is-active", *units])[1] if systemctl and units else ""
+    result = {
+        "changed": False,
+        "problems": problems,
+        "notes": notes,
+        "orphans": found,
+        "orphan_folders": [n for n in found if n in folders],
+        "orphan_ports": ports,
+        "extra_args_checked": checked,
+        "extra_args_cached": cached,
+        "active": [u[len("vllm@") : -len(".service")] for u in active_units(units, is_active)],
+        "masked_present": [path for path in p["masked_files"] if os.path.exists(path)],
+    }
+    for note in notes:
+        module.warn(note)
+    if problems:
+        module.fail_json(msg=f"{p['host_name']}: vllm_service preflight refused:\n" + "\n".join(problems), **result)
+    module.exit_json(**result)
 
 
 if __name__ == "__main__":

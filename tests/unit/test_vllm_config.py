@@ -586,7 +586,8 @@ def probe_play(tmp_path, configs, root):
         }
         save = {"content": "{{ probe | to_json }}", "dest": str(tmp_path / f"keep-{keep}.json"), "mode": "0600"}
         tasks = [
-            {"name": "Probe", "rigops.fleet.vllm_service_probe": args, "register": "probe"},
+            # it fails with what the host refuses: judged here from what it returned
+            {"name": "Probe", "rigops.fleet.vllm_service_probe": args, "register": "probe", "failed_when": False},
             {"name": "Save", "ansible.builtin.copy": save},
         ]
         plays.append({"name": f"keep {keep}", "hosts": "localhost", "gather_facts": False, "tasks": tasks})
@@ -629,6 +630,7 @@ def test_the_role_probe_runs_vllms_parser_from_the_runtime_through_ansible(tmp_p
     assert out["extra_args_checked"] == ["alpha", "beta"]
     assert out["orphans"] == ["old", "older"] and out["orphan_folders"] == ["old"]
     assert out["orphan_ports"] == {"old": 8001}
+    assert out["msg"] == ": vllm_service preflight refused:\n" + text  # the module fails with the host's refusal
     kept = "\n".join(json.loads((tmp_path / "keep-True.json").read_text())["problems"])
     assert (
         f"{root}/alpha/config.toml: [server] port: 8001 is held by old, which left vllm_instances and is kept" in kept
@@ -669,7 +671,7 @@ def test_the_probe_keeps_a_clean_verdict_until_the_runtime_or_the_command_change
 
     def probe(name, extra, **more):
         args = {"configs": built(extra), "config_root": str(tmp_path / "etc"), "cache_dir": str(cache), **more}
-        return {"name": name, "rigops.fleet.vllm_service_probe": args, "register": name}
+        return {"name": name, "rigops.fleet.vllm_service_probe": args, "register": name, "failed_when": False}
 
     installed = site / "idna-3.10.dist-info"
     tasks = [
@@ -696,6 +698,7 @@ def test_the_probe_keeps_a_clean_verdict_until_the_runtime_or_the_command_change
     }  # fmt: skip
     assert all(out[n]["extra_args_checked"] == ["alpha"] for n in names)
     assert out["again"]["problems"] == [] and "unrecognized arguments: --bogus" in "".join(out["bad_again"]["problems"])
+    assert not out["again"].get("failed") and out["bad_again"]["msg"].startswith(": vllm_service preflight refused:")
     assert len(runs.read_text().split()) == len(names) - 2  # the python started for every verdict not read
     assert (cache.stat().st_mode & 0o777) == 0o700
     kept = sorted(cache.iterdir())

@@ -201,6 +201,8 @@ def test_filters_turn_value_errors_into_filter_errors():
         "vllm_configs",
         "vllm_preflight",
         "vllm_toml",
+        "vllm_config_files",
+        "vllm_changed_instances",
         "vllm_devices",
         "vllm_config_changes",
     }
@@ -254,13 +256,16 @@ def test_the_role_renders_the_sandbox_rig_file_through_ansible(tmp_path):
                 },
                 {
                     "name": "Render",
-                    "ansible.builtin.template": {
-                        "src": str(ROLE / "templates" / "etc" / "vllm" / "config.toml.j2"),
-                        "dest": str(tmp_path) + "/{{ vllm_service__config.server.instance }}.toml",
+                    "ansible.builtin.copy": {
+                        "content": "{{ item.content }}",
+                        "dest": str(tmp_path) + "/{{ item.path | dirname | basename }}.toml",
                         "mode": "0640",
                     },
-                    "loop": "{{ vllm_service__configs }}",
-                    "loop_control": {"loop_var": "vllm_service__config"},
+                    # the entries the role's configure.yml hands to rigops.fleet.host_files
+                    "loop": (
+                        "{{ vllm_service__configs | rigops.fleet.vllm_config_files(vllm_service__managed_header,"
+                        " vllm_service__launcher, vllm_service_config_root, vllm_service_group) }}"
+                    ),
                 },
             ],
         }
@@ -290,3 +295,29 @@ def test_config_changes_name_each_value_a_new_file_changed():
     assert plugin.vllm_config_changes(old, "[model") == [
         "(a config.toml is not TOML: Expected ']' at the end of a table declaration (at end of document))"
     ]
+
+
+def test_config_files_are_host_files_entries_checked_by_the_launcher():
+    cfg = load(FIX / "alpha.config.toml")
+    [entry] = plugin.vllm_config_files([cfg], HEADER, LAUNCHER_ON_HOST, "/etc/vllm", "vllm")
+    assert entry == {
+        "path": "/etc/vllm/alpha/config.toml",
+        "content": plugin.render_toml(cfg, HEADER, LAUNCHER_ON_HOST),
+        "group": "vllm",
+        "mode": "0640",
+        "validate": f"{LAUNCHER_ON_HOST} --check %s",
+    }
+
+
+def test_changed_instances_are_read_off_the_changed_paths():
+    changed = {
+        "/etc/vllm/alpha/config.toml": ["content"],
+        "/etc/systemd/system/vllm@beta.service.d": ["mode"],
+        "/etc/systemd/system/vllm@beta.service.d/devices.conf": ["absent"],
+        "/etc/vllm/alphabet/api_key": ["present"],
+    }
+    names = ["alpha", "alphabet", "beta", "gamma"]
+    assert plugin.vllm_changed_instances(changed, names, "/etc/vllm", "/etc/systemd/system") == [
+        "alpha", "alphabet", "beta",
+    ]  # fmt: skip
+    assert plugin.vllm_changed_instances({}, names, "/etc/vllm", "/etc/systemd/system") == []
