@@ -270,7 +270,8 @@ def script(host, *args, timeout=30):
 
 def test_the_role_installs_the_logic_the_script_imports():
     tasks = (ROOT / "roles/gpu_health/tasks/sentinel.yml").read_text()
-    assert sorted(re.findall(r"module_util_file', '(\w+)'", tasks)) == SHIPPED
+    shipped = re.search(r"rigops.fleet.module_util_file',(.*?)files_in", tasks, re.DOTALL).group(1)
+    assert sorted(re.findall(r"'(\w+)'", shipped)) == SHIPPED
     # and the lookup that finds them for the role knows each one
     from ansible_collections.rigops.fleet.plugins.lookup.module_util_file import SHIPPED as KNOWN  # noqa: PLC0415
 

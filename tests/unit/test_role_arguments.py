@@ -82,6 +82,7 @@ def test_what_the_spec_says_passes_and_secrets_are_never_shown():
 # task); otherwise the name of the preflight task that refuses it. Every case must name its variable.
 # one task judges the kinds, then (when every kind is right) the rules between the values
 SHAPES = CONSISTENT = "Preflight | Variables are of their kinds and consistent"
+HUB_ASSERT = "Preflight | Endpoints are https (or http by opt-in), the hub clients are installed, the group exists"
 # a role without rules of its own (llm_clients) judges the kinds alone
 KINDS_ONLY = "Preflight | Variables are of the kinds meta/argument_specs.yml gives them"
 CASES = {
@@ -319,6 +320,16 @@ CASES = {
             {"model_weights_dir_mode": "750"},
             CONSISTENT,
             'model_weights_dir_mode must be a quoted octal mode such as "0750"; got "750"',
+        ),
+        "hub over plain http": (
+            {
+                "vllm_instances": [{"name": "a", "port": 8001, "model": {"source": "huggingface", "id": "org/m"}}],
+                "model_weights_huggingface_endpoint": "http://hub.example",
+                "model_weights_python": sys.executable,
+                "model_weights_group": "no-such-group-rigops",
+            },
+            HUB_ASSERT,
+            'model_weights_huggingface_endpoint is "http://hub.example". Hub endpoints must be full https:// URLs',
         ),
     },
     "observability": {
@@ -605,7 +616,7 @@ def test_every_tasks_from_enters_by_an_entry_point_of_the_spec():
 
 
 def test_the_runtimes_flavours_are_the_matrixs():
-    matrix = yaml.safe_load((ROOT / "roles" / "vllm_runtime" / "vars" / "matrix.yml").read_text())
+    matrix = yaml.safe_load((ROOT / "roles" / "vllm_runtime" / "vars" / "main" / "matrix.yml").read_text())
     assert specs("vllm_runtime")["main"]["options"]["vllm_runtime_flavour"]["choices"] == list(
         matrix["vllm_runtime__matrix"]
     )
