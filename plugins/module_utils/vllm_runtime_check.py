@@ -2,7 +2,7 @@
 # GNU General Public License v3.0+ (see https://www.gnu.org/licenses/gpl-3.0.txt)
 """Compatibility logic of the vllm_runtime role: plain data in, plain data out.
 
-The role's matrix (roles/vllm_runtime/vars/matrix.yml) lists, per flavour and build,
+The role's matrix (roles/vllm_runtime/vars/main/matrix.yml) lists, per flavour and build,
 what a runtime needs from its host: CPU architecture, Python versions, the CUDA build's
 minimum driver, the GPU compute capabilities the wheels carry, the JetPack release, disk
 space. ``evaluate`` compares one build with what a host has and returns every mismatch
@@ -161,7 +161,9 @@ def evaluate(flavour, build_name, build, host, instances=None, vllm_version=None
         rows = judge_facts(audit, torch_version=str(build.get("torch")), torch_cuda=build.get("cuda"), where=where)[0]
         for row in rows:
             row["host_has"] = f"{label}: {row['host_has']}"
-            row["variable"] = "vllm_runtime_build (another build; this matrix entry is incoherent: vars/matrix.yml)"
+            row["variable"] = (
+                "vllm_runtime_build (another build; this matrix entry is incoherent: vars/main/matrix.yml)"
+            )
         problems.extend(rows)
 
     if build.get("requires_gpu"):
@@ -359,6 +361,24 @@ def release_id(flavour, build_name, build, python, content_sha256):
     torch = build.get("torch", "none")
     raw = f"{flavour}-{build_name}-vllm{vllm}-torch{torch}-py{python_minor(python)}-{content_sha256[:12]}"
     return re.sub(r"[^A-Za-z0-9._+-]", "_", raw)
+
+
+def runtime_on_host(root, marker):
+    """Where ``root``/current points (its real path; None when it is no link) and the releases installed under
+    ``root``/releases (folders holding ``marker``, written when a release passed its smoke test), newest marker
+    first: what the switch keeps and removes."""
+    current_link = os.path.join(root, "current")
+    current = os.path.realpath(current_link) if os.path.islink(current_link) else None
+    releases = []
+    folder = os.path.join(root, "releases")
+    for name in sorted(os.listdir(folder)) if os.path.isdir(folder) else []:
+        path = os.path.join(folder, name)
+        try:
+            mtime = os.stat(os.path.join(path, marker)).st_mtime
+        except OSError:
+            continue
+        releases.append((mtime, path))
+    return current, [release[1] for release in sorted(releases, reverse=True)]
 
 
 def lock_pins(text):

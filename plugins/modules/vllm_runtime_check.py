@@ -200,6 +200,17 @@ release_id:
   returned: when the host fits
   type: str
   sample: cpu-cpu-vllm0.32.0-torch2.13.0+cpu-py3.11-0f3c2a9b1e4d
+current:
+  description: Where C(<root>/current) points (its real path), or null when it is no link.
+  returned: always
+  type: str
+  sample: /opt/rigops/vllm/releases/cpu-cpu-vllm0.32.0-torch2.13.0+cpu-py3.11-0f3c2a9b1e4d
+releases:
+  description: The releases installed under C(<root>/releases) (each passed its smoke test), newest first.
+  returned: always
+  type: list
+  elements: str
+  sample: ["/opt/rigops/vllm/releases/cpu-cpu-vllm0.32.0-torch2.13.0+cpu-py3.11-0f3c2a9b1e4d"]
 installed:
   description: Whether that release is already installed and passed its smoke test.
   returned: when the host fits
@@ -224,6 +235,7 @@ from ansible_collections.rigops.fleet.plugins.module_utils.vllm_runtime_check im
     parse_jetpack,
     release_id,
     render_table,
+    runtime_on_host,
     select_build,
     suggest_builds,
     uses_modelscope,
@@ -325,7 +337,11 @@ def main():
     # module_utils reads model.source only: the sources, in the shape it takes
     instances = [{"model": {"source": source}} for source in p["model_sources"]]
     modelscope = uses_modelscope(instances)
-    result = {"changed": False, "build_name": build_name, "build": build, "host": host, "modelscope": modelscope}
+    current, releases = runtime_on_host(p["root"], MARKER)
+    result = {
+        "changed": False, "build_name": build_name, "build": build, "host": host, "modelscope": modelscope,
+        "current": current, "releases": releases,
+    }  # fmt: skip
 
     lock_text = read_lock(module, p["lock"]) if p["lock"] else None
     requirements, lock_problems = compose_requirements(

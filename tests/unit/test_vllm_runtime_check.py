@@ -19,12 +19,14 @@ from ansible_collections.rigops.fleet.plugins.module_utils.vllm_runtime_check im
     python_minor,
     release_id,
     render_table,
+    runtime_on_host,
     select_build,
     version_ge,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-MATRIX = yaml.safe_load((ROOT / "roles" / "vllm_runtime" / "vars" / "matrix.yml").read_text())["vllm_runtime__matrix"]
+MATRIX_FILE = ROOT / "roles" / "vllm_runtime" / "vars" / "main" / "matrix.yml"
+MATRIX = yaml.safe_load(MATRIX_FILE.read_text())["vllm_runtime__matrix"]
 CPU_LOCK = (ROOT / "lab" / "sandbox" / "wheelhouse" / "cpu.lock").read_text()
 WHEELS = ROOT / "tests" / "fixtures" / "wheels"
 VLLM_011 = WHEELS / "pypi" / "vllm-0.11.0-cp38-abi3-manylinux1_x86_64.whl"
@@ -438,7 +440,7 @@ def render_smoke(build):
 
     role = ROOT / "roles" / "vllm_runtime"
     variables = yaml.safe_load((role / "defaults" / "main.yml").read_text())
-    variables.update(yaml.safe_load((role / "vars" / "main.yml").read_text()))
+    variables.update(yaml.safe_load((role / "vars" / "main" / "main.yml").read_text()))
     variables["vllm_runtime__check"] = {"build": build}
     variables = {k: trust_as_template(v) if isinstance(v, str) else v for k, v in variables.items()}
     templar = Templar(loader=DataLoader(), variables=variables)
@@ -569,3 +571,18 @@ def test_the_lock_is_read_again_after_a_failed_name_lookup_not_after_an_answer(m
     out = run_module(monkeypatch, tmp_path, matrix=matrix, flavour="cpu", lock=url)
     assert out["failed"] and f"after {vllm_runtime_check.LOCK_ATTEMPTS} attempts" in out["msg"]
     assert "Temporary failure in name resolution" in out["msg"]
+
+
+def test_runtime_on_host_reads_current_and_the_releases_that_passed_newest_first(tmp_path):
+    assert runtime_on_host(str(tmp_path / "none"), ".rigops-release.json") == (None, [])
+    releases = tmp_path / "releases"
+    for name, mtime in (("old", 1000), ("new", 3000), ("mid", 2000), ("broken", None)):
+        (releases / name).mkdir(parents=True)
+        if mtime is not None:
+            marker = releases / name / ".rigops-release.json"
+            marker.write_text("{}")
+            os.utime(marker, (mtime, mtime))
+    (tmp_path / "current").symlink_to(releases / "mid")
+    current, found = runtime_on_host(str(tmp_path), ".rigops-release.json")
+    assert current == str(releases / "mid")
+    assert found == [str(releases / "new"), str(releases / "mid"), str(releases / "old")]  # broken never passed

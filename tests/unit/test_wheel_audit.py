@@ -42,7 +42,8 @@ from ansible_collections.rigops.fleet.plugins.module_utils.wheel_audit import (
 ROOT = Path(__file__).resolve().parents[2]
 WHEELS = ROOT / "tests" / "fixtures" / "wheels"
 FACTS = json.loads((WHEELS / "facts.json").read_text())
-MATRIX = yaml.safe_load((ROOT / "roles" / "vllm_runtime" / "vars" / "matrix.yml").read_text())["vllm_runtime__matrix"]
+MATRIX_FILE = ROOT / "roles" / "vllm_runtime" / "vars" / "main" / "matrix.yml"
+MATRIX = yaml.safe_load(MATRIX_FILE.read_text())["vllm_runtime__matrix"]
 
 VLLM_020 = WHEELS / "pypi" / "vllm-0.20.0-cp38-abi3-manylinux_2_35_x86_64.whl"
 VLLM_011 = WHEELS / "pypi" / "vllm-0.11.0-cp38-abi3-manylinux1_x86_64.whl"
