@@ -5,6 +5,7 @@ services, health, gpu_health; jetson: platform, runtime, weights, services, heal
 
     {{ host | rig_report(results, records, summaries, stages, reached, current_stage, stopped_by, job) }}
     {{ entry | report_line }}
+    {{ stages | selected_stages(ansible_run_tags, ansible_skip_tags) }}
 
 A host is ``ok`` only when every stage of its job passed on it: in this run, or, for a
 stage this run skipped (``--tags``), as recorded on the rig by the last run that ran it
@@ -207,6 +208,15 @@ def report_line(entry) -> str:
     return line
 
 
+def selected_stages(stages, run_tags, skip_tags) -> list:
+    """The stages of a job that a run with ``--tags run_tags --skip-tags skip_tags`` runs: each stage's play is
+    tagged with the stage's name alone, and Ansible selects it by its rules (Taggable.evaluate_tags: ``all``,
+    ``tagged``, the stage's own name; skipped by ``all``, ``tagged`` or its name). The preflight records them as
+    started; a stage whose play a run does not select keeps its record of the last run that ran it."""
+    run, skip = set(run_tags or ["all"]), set(skip_tags or [])
+    return [stage for stage in stages if ({"all", "tagged", stage} & run) and not ({"all", "tagged", stage} & skip)]
+
+
 class FilterModule:
     def filters(self):
-        return {"rig_report": rig_report, "report_line": report_line}
+        return {"rig_report": rig_report, "report_line": report_line, "selected_stages": selected_stages}

@@ -8,32 +8,37 @@ DOCUMENTATION = r"""
 module: stage_record
 short_description: Record on the host that a stage of a job started, passed or failed
 description:
-  - Writes the stage's record, C(<stage>.json), atomically (mode 0644), making its folder (0755) when it is
-    missing. C(started) holds the time; C(passed) adds the stage's seconds and summary; C(failed) the
+  - Writes the stage's record, C(<dir>/<stage>.json), atomically (mode 0644), making its folder (0755) when it
+    is missing. C(started) holds the time; C(passed) adds the stage's seconds and summary; C(failed) the
     task that failed. playbooks/report.yml reads these records; a stage counts as passed only when its record
     says so, so a run that dies half-way leaves C(started) behind.
-  - Returns the stage and the controller's clock it was given, for the playbook to time the stage
+  - C(started) takes every stage a run selects at once (O(stages)), at its start; each stage then records
+    that it passed or failed.
+  - Returns the stages and the controller's clock it was given, for the playbook to time the next stage
     (C(register)), and the run's stage results with this stage's added, in one call per stage boundary.
   - The record is the run's bookkeeping, rewritten by every run, so the module never reports a change.
   - Logic in plugins/module_utils/stage_record.py.
 version_added: "0.1.0"
 author: rigops contributors (@rigops)
 options:
-  path:
-    description: The record file, C(<rigops_stage_record_dir>/<stage>.json).
+  dir:
+    description: The folder of the records (C(rigops_stage_record_dir)).
     type: path
-    required: true
+    default: /var/lib/rigops/stages
   stage:
-    description: The stage's name.
+    description: The stage's name (one of O(stage) and O(stages)).
     type: str
-    required: true
+  stages:
+    description: The stages that start (C(started) only; one of O(stage) and O(stages)).
+    type: list
+    elements: str
   status:
     description: What to record.
     type: str
     required: true
     choices: [started, passed, failed]
   clock:
-    description: The controller's time at the stage's start (seconds since the epoch), returned as given.
+    description: The controller's time now (seconds since the epoch), returned as given.
     type: float
   seconds:
     description: How long the stage took (C(passed)).
@@ -63,19 +68,20 @@ attributes:
 """
 
 EXAMPLES = r"""
-- name: Stage | Record that it started
+- name: Preflight | The stages this run selects start
   rigops.fleet.stage_record:
-    path: /var/lib/rigops/stages/driver.json
-    stage: driver
+    dir: /var/lib/rigops/stages
+    stages: [driver, topology]
     status: started
     clock: "{{ now().timestamp() }}"
   register: rigops_stage_started
 
 - name: Stage | Record that it passed, with its figures
   rigops.fleet.stage_record:
-    path: /var/lib/rigops/stages/driver.json
+    dir: /var/lib/rigops/stages
     stage: driver
     status: passed
+    clock: "{{ now().timestamp() }}"
     seconds: 20.9
     summary: {version: "595.45.04", gpu_count: 8}
     results: "{{ rigops_stage_done.results | default({}) }}"
@@ -83,11 +89,17 @@ EXAMPLES = r"""
 """
 
 RETURN = r"""
-stage:
-  description: The stage.
+dir:
+  description: The folder of the records.
   returned: always
   type: str
-  sample: driver
+  sample: /var/lib/rigops/stages
+stages:
+  description: The stages recorded (O(stages), or O(stage) alone).
+  returned: always
+  type: list
+  elements: str
+  sample: [driver, topology]
 clock:
   description: The clock given, or the host's time when none was.
   returned: always
@@ -99,12 +111,13 @@ results:
   type: dict
   sample: {"driver": {"status": "passed", "check_mode": false, "seconds": 20.9}}
 record:
-  description: What the record file holds (or would, in check mode).
+  description: What the record file holds (or would, in check mode); of the first stage when there are several.
   returned: always
   type: dict
   sample: {"stage": "driver", "status": "started", "time": "2026-12-05T21:00:00.123456+00:00"}
 """
 
+import os
 import time
 
 from ansible.module_utils.basic import AnsibleModule
@@ -114,8 +127,9 @@ from ansible_collections.rigops.fleet.plugins.module_utils.stage_record import s
 def main():
     module = AnsibleModule(
         argument_spec={
-            "path": {"type": "path", "required": True},
-            "stage": {"type": "str", "required": True},
+            "dir": {"type": "path", "default": "/var/lib/rigops/stages"},
+            "stage": {"type": "str"},
+            "stages": {"type": "list", "elements": "str"},
             "status": {"type": "str", "required": True, "choices": ["started", "passed", "failed"]},
             "clock": {"type": "float"},
             "seconds": {"type": "float"},
@@ -123,19 +137,30 @@ def main():
             "task": {"type": "str"},
             "results": {"type": "dict", "default": {}},
         },
+        required_one_of=[["stage", "stages"]],
+        mutually_exclusive=[["stage", "stages"]],
         supports_check_mode=True,
     )
     p = module.params
     clock = p["clock"] if p["clock"] is not None else time.time()
-    record = stage_record(p["stage"], p["status"], seconds=p["seconds"], summary=p["summary"], task=p["task"])
-    results = stage_results(p["results"], record, module.check_mode)
-    try:
-        write_record(p["path"], record, dry_run=module.check_mode)
-    except OSError as exc:
-        module.fail_json(
-            msg=f"stage_record: {p['path']}: {exc}", stage=p["stage"], clock=clock, record=record, results=results
-        )
-    module.exit_json(changed=False, stage=p["stage"], clock=clock, record=record, results=results)
+    stages = p["stages"] if p["stages"] is not None else [p["stage"]]
+    if len(stages) != 1 and p["status"] != "started":
+        module.fail_json(msg=f"stage_record: only a start takes several stages; {p['status']} takes one")
+    records = [
+        stage_record(stage, p["status"], seconds=p["seconds"], summary=p["summary"], task=p["task"]) for stage in stages
+    ]
+    results = p["results"]
+    for record in records:
+        results = stage_results(results, record, module.check_mode)
+    first = records[0] if records else {}
+    done = {"dir": p["dir"], "stages": stages, "clock": clock, "record": first, "results": results}
+    for record in records:
+        path = os.path.join(p["dir"], f"{record['stage']}.json")
+        try:
+            write_record(path, record, dry_run=module.check_mode)
+        except OSError as exc:
+            module.fail_json(msg=f"stage_record: {path}: {exc}", **done)
+    module.exit_json(changed=False, **done)
 
 
 if __name__ == "__main__":

@@ -33,17 +33,18 @@ LEFT_OUT = {
 # with a task of its own: the role's tasks come from the installed collection by their FQCN.
 STAGES = {
     "Caches": "rigops.fleet.fleet_cache : Preflight | Variables are of their kinds and consistent",
-    "Preflight": "Preflight | A host belongs to one job",
+    "Preflight": "Preflight | The stages this run selects start",
     "Driver": "rigops.fleet.nvidia_driver : Preflight | Variables are of their kinds and consistent",
     "Topology": "rigops.fleet.gpu_topology : ",
-    "Runtime": "rigops.fleet.vllm_runtime : Load the compatibility matrix",
+    "Runtime": "rigops.fleet.vllm_runtime : Preflight | Judge the host against the build",
     "Weights": "rigops.fleet.model_weights : ",
     "Services": "rigops.fleet.vllm_service : ",
     "Health": "Health | Gate every instance of the rig",
     "Gateway": "rigops.fleet.llm_gateway : ",
     "Report": "Report | JSON of the run",
 }
-# Plays of a stage record on the host that it started and passed (playbooks/tasks/stage_*.yml).
+# Plays of a stage record on the host that they passed (playbooks/tasks/stage_*.yml; the preflight records that
+# they started).
 RECORDED = ["Driver", "Topology", "Runtime", "Weights", "Services", "Health", "Gateway"]
 
 

@@ -101,6 +101,27 @@ def test_preflight_and_report_pass_on_the_example(preflight, tmp_path):
     assert sorted(p.name for p in tmp_path.glob("gpu_rigs+jetson-*.json"))
 
 
+def test_a_job_records_the_stages_its_tags_select_as_started(tmp_path):
+    """A job's preflight records the stages the run's tags select as started, and leaves the others as the last
+    run left them; the preflight alone starts none."""
+    stages = tmp_path / "stages"
+    stages.mkdir()
+    for stage in ["platform", "runtime", "weights", "services", "health", "gpu_health"]:
+        (stages / f"{stage}.json").write_text(json.dumps({"stage": stage, "status": "passed", "time": "T"}))
+    common = ["-i", str(EXAMPLE), "-l", "jetson", "-e", "ansible_connection=local ansible_become=false",
+              "-e", f"rigops_stage_record_dir={stages}"]  # fmt: skip
+    proc = run("ansible-playbook", *common, "playbooks/preflight.yml", "--tags", "services,health")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert {json.loads(p.read_text())["status"] for p in stages.iterdir()} == {"passed"}
+    # what playbooks/jetson.yml imports the preflight with
+    proc = run("ansible-playbook", *common, "-e", "rigops_preflight_starts_stages=true", "playbooks/preflight.yml",
+               "--tags", "services,health", "--skip-tags", "health")  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    status = {p.stem: json.loads(p.read_text())["status"] for p in stages.iterdir()}
+    assert status == {"platform": "passed", "runtime": "passed", "weights": "passed", "services": "started",
+                      "health": "passed", "gpu_health": "passed"}  # fmt: skip
+
+
 def test_each_job_reports_its_own_group(tmp_path):
     """-l jetson: the report covers the Jetsons only, with the Jetson job's stages (gpu_rigs.yml skips)."""
     stages = tmp_path / "stages"

@@ -123,3 +123,25 @@ def test_the_gateway_line_names_what_is_drained():
     assert line.endswith(" gateway=https://gw:8443/v1 clients: dev -> tiny drained: rig2/chat")
     entry = rigops_report.rig_report("gw", {"gateway": passed()}, {}, {"gateway": dict(summary, drained=[])}, stages)
     assert "drained" not in rigops_report.report_line(entry)
+
+
+def test_selected_stages_follow_ansibles_own_tag_rules():
+    """Each stage's play is tagged with the stage's name; Ansible's own Taggable decides which run."""
+    from ansible.playbook.block import Block  # noqa: PLC0415 (Ansible's tag rules, as the run applies them)
+    from ansible.playbook.task import Task  # noqa: PLC0415
+
+    stages = ["driver", "topology", "services", "gpu_health"]
+    cases = [
+        ([], []), (["all"], []), (["services"], []), (["driver", "gpu_health"], []), (["tagged"], []),
+        (["always"], []), (["nvidia_driver_install"], []), (["all"], ["driver"]), (["all"], ["all"]),
+        (["services"], ["tagged"]), (["untagged"], []),
+    ]  # fmt: skip
+    for run_tags, skip_tags in cases:
+        ansible_says = []
+        for stage in stages:
+            task = Task(block=Block())
+            task.tags = [stage]
+            if task.evaluate_tags(run_tags or ["all"], skip_tags, all_vars={}):
+                ansible_says.append(stage)
+        assert rigops_report.selected_stages(stages, run_tags, skip_tags) == ansible_says, (run_tags, skip_tags)
+    assert rigops_report.selected_stages(stages, ["services"], []) == ["services"]
