@@ -16,36 +16,11 @@ NVIDIA_VENDOR = "0x10de"
 # /proc/driver/nvidia/version: "NVRM version: NVIDIA UNIX x86_64 Kernel Module  595.45.04  <date>" or, for the
 # open modules, "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  595.45.04  Release Build ..."
 PROC_VERSION = re.compile(r"Kernel Module(?: for \S+)?\s+([0-9][0-9.]+)")
-# what dpkg-query prints for each package with DPKG_FORMAT
-DPKG_FORMAT = "${Status}\t${Package}\t${Version}\n"
 
 
 def is_jetson(tegra_release_exists, device_tree_model):
     """A Jetson: L4T's release file is there, or the device tree names a Jetson."""
     return bool(tegra_release_exists) or "Jetson" in (device_tree_model or "")
-
-
-def parse_dpkg(text, package_regex):
-    """dpkg-query's DPKG_FORMAT lines: the installed packages matching ``package_regex`` (name: version) and
-    the names of every held package (selection "hold"), installed or not."""
-    wanted = re.compile(package_regex)
-    packages, holds = {}, []
-    for line in text.splitlines():
-        parts = line.split("\t")
-        if len(parts) != 3:
-            continue
-        status, name, version = parts
-        words = status.split()
-        if words and words[0] == "hold":
-            holds.append(name)
-        if words and words[-1] == "installed" and wanted.match(name):
-            packages[name] = version
-    return packages, holds
-
-
-def names_regex(names):
-    """A regular expression for parse_dpkg that matches exactly ``names`` (none when there are none)."""
-    return "^(" + "|".join(re.escape(n) for n in names) + ")$" if names else r"(?!)"
 
 
 def dead_proxies(proxies, connect):

@@ -137,13 +137,11 @@ import os
 import socket
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.rigops.fleet.plugins.module_utils.dpkg import DPKG_FORMAT, names_regex, parse_dpkg
 from ansible_collections.rigops.fleet.plugins.module_utils.nvidia_driver_probe import (
-    DPKG_FORMAT,
     dead_proxies,
     is_jetson,
-    names_regex,
     nvidia_pci_devices,
-    parse_dpkg,
     parse_lsmod,
     parse_proc_version,
     parse_sb_state,

@@ -99,6 +99,20 @@ options:
     description: Fail with the table when the host does not fit.
     type: bool
     default: true
+  system_packages:
+    description:
+      - The system packages the role installs for the release, besides the build's own (its matrix entry's
+        C(system_packages)); of both, those dpkg does not have installed are returned (RV(missing_packages)).
+    type: list
+    elements: str
+    default: []
+  accounts:
+    description:
+      - The service accounts the role keeps, C(users) (each with C(name), C(group), C(shell), C(home)) and
+        C(groups) (names); those missing or differing are returned (RV(accounts_to_fix)), for the role's user and
+        group tasks to run only for them.
+    type: dict
+    default: {}
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - rigops.fleet.attributes
@@ -200,6 +214,18 @@ release_id:
   returned: when the host fits
   type: str
   sample: cpu-cpu-vllm0.32.0-torch2.13.0+cpu-py3.11-0f3c2a9b1e4d
+missing_packages:
+  description:
+    - Of O(system_packages) and the build's own, those dpkg does not have installed (all where there is no dpkg).
+  returned: always
+  type: list
+  elements: str
+  sample: [python3-venv]
+accounts_to_fix:
+  description: Of O(accounts), the groups missing and the users missing or differing (primary group, shell, home).
+  returned: always
+  type: dict
+  sample: {"users": ["vllm-chat"], "groups": ["vllm-chat"]}
 current:
   description: Where C(<root>/current) points (its real path), or null when it is no link.
   returned: always
@@ -227,6 +253,8 @@ from urllib.error import HTTPError, URLError
 
 from ansible.module_utils.basic import AnsibleModule
 from ansible.module_utils.urls import open_url
+from ansible_collections.rigops.fleet.plugins.module_utils.accounts import accounts_to_fix
+from ansible_collections.rigops.fleet.plugins.module_utils.dpkg import DPKG_FORMAT, names_regex, parse_dpkg
 from ansible_collections.rigops.fleet.plugins.module_utils.vllm_runtime_check import (
     audit_wheelhouse,
     compose_requirements,
@@ -253,6 +281,16 @@ def free_bytes(path):
         path = parent
     st = os.statvfs(path or "/")
     return st.f_bavail * st.f_frsize
+
+
+def missing_packages(module, names):
+    """Of ``names``, the packages dpkg does not have installed (every one where there is no dpkg-query)."""
+    query = module.get_bin_path("dpkg-query") if names else None
+    if not query:
+        return list(names)
+    out = module.run_command([query, "--show", "--showformat", DPKG_FORMAT], environ_update={"LC_ALL": "C"})[1]
+    installed = parse_dpkg(out, names_regex(names))[0]
+    return [name for name in names if name not in installed]
 
 
 # A name lookup or a connection that fails for a moment (a resolver restarting, a server
@@ -301,6 +339,8 @@ def main():
             "jetpack": {"type": "str", "default": ""},
             "host_name": {"type": "str", "default": ""},
             "wheelhouse": {"type": "str", "default": ""},
+            "system_packages": {"type": "list", "elements": "str", "default": []},
+            "accounts": {"type": "dict", "default": {}},
             "fail_on_refusal": {"type": "bool", "default": True},
         },
         supports_check_mode=True,
@@ -341,6 +381,8 @@ def main():
     result = {
         "changed": False, "build_name": build_name, "build": build, "host": host, "modelscope": modelscope,
         "current": current, "releases": releases,
+        "accounts_to_fix": accounts_to_fix(p["accounts"].get("users"), p["accounts"].get("groups")),
+        "missing_packages": missing_packages(module, p["system_packages"] + list(build.get("system_packages") or [])),
     }  # fmt: skip
 
     lock_text = read_lock(module, p["lock"]) if p["lock"] else None

@@ -65,6 +65,13 @@ options:
     type: list
     elements: path
     default: []
+  accounts:
+    description:
+      - The service accounts the role keeps, C(users) (each with C(name), C(group), C(shell), C(home)) and
+        C(groups) (names); those missing or differing are returned (RV(accounts_to_fix)), for the role's user and
+        group tasks to run only for them.
+    type: dict
+    default: {}
   host_name:
     description: The host's name in the inventory, for the refusal's message.
     type: str
@@ -121,6 +128,11 @@ orphan_ports:
   type: dict
   returned: always
   sample: {old-chat: 8000}
+accounts_to_fix:
+  description: Of O(accounts), the groups missing and the users missing or differing (primary group, shell, home).
+  returned: always
+  type: dict
+  sample: {"users": ["vllm-chat"], "groups": ["vllm-chat"]}
 active:
   description: The instances of O(configs) whose unit is active now.
   type: list
@@ -155,6 +167,7 @@ import tempfile
 import time
 
 from ansible.module_utils.basic import AnsibleModule
+from ansible_collections.rigops.fleet.plugins.module_utils.accounts import accounts_to_fix
 from ansible_collections.rigops.fleet.plugins.module_utils.state_file import write_atomic
 from ansible_collections.rigops.fleet.plugins.module_utils.systemd_units import active_units
 from ansible_collections.rigops.fleet.plugins.module_utils.vllm_config import (
@@ -377,6 +390,7 @@ def main():
             "keep_verdicts": {"type": "bool", "default": True},
             "masked_files": {"type": "list", "elements": "path", "default": []},
             "host_name": {"type": "str", "default": ""},
+            "accounts": {"type": "dict", "default": {}},
         },
         supports_check_mode=True,
     )
@@ -437,6 +451,7 @@ def main():
         "extra_args_cached": cached,
         "active": [u[len("vllm@") : -len(".service")] for u in active_units(units, is_active)],
         "masked_present": [path for path in p["masked_files"] if os.path.exists(path)],
+        "accounts_to_fix": accounts_to_fix(p["accounts"].get("users"), p["accounts"].get("groups")),
     }
     for note in notes:
         module.warn(note)

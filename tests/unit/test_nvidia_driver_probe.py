@@ -4,12 +4,11 @@ tested on real captures (tests/fixtures/nvidia-driver/real, SOURCES.md there).""
 from pathlib import Path
 
 import pytest
+from ansible_collections.rigops.fleet.plugins.module_utils.dpkg import names_regex, parse_dpkg
 from ansible_collections.rigops.fleet.plugins.module_utils.nvidia_driver_probe import (
     dead_proxies,
     is_jetson,
-    names_regex,
     nvidia_pci_devices,
-    parse_dpkg,
     parse_lsmod,
     parse_proc_version,
     parse_sb_state,
