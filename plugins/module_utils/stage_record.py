@@ -11,7 +11,7 @@ import datetime
 import json
 import os
 
-from ansible_collections.rigops.fleet.plugins.module_utils.state_file import write_atomic
+from ansible_collections.rigops.fleet.plugins.module_utils.state_file import load_json, write_atomic
 
 STATUSES = ("started", "passed", "failed")
 
@@ -57,3 +57,17 @@ def write_record(path, record, dry_run=False):
     if folder and not os.path.isdir(folder):
         os.makedirs(folder, mode=0o755)
     write_atomic(path, record_text(record), mode=0o644)
+
+
+def read_records(folder, stages):
+    """The records of ``stages`` in ``folder``, by stage; a stage without a record, or with one that is not JSON
+    (a disk that filled half-way), is left out: the report says it never ran."""
+    records = {}
+    for stage in stages:
+        try:
+            record = load_json(os.path.join(folder, f"{stage}.json"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(record, dict):
+            records[stage] = record
+    return records

@@ -50,6 +50,13 @@ options:
   task:
     description: The task that failed (C(failed)).
     type: str
+  read:
+    description:
+      - Stages whose records to return (RV(records)) as they were before this call wrote: what the last runs
+        recorded, for the report.
+    type: list
+    elements: str
+    default: []
   results:
     description:
       - The run's stage results so far (stage to status, check mode, seconds; a failed one's task and message),
@@ -110,6 +117,11 @@ results:
   returned: always
   type: dict
   sample: {"driver": {"status": "passed", "check_mode": false, "seconds": 20.9}}
+records:
+  description: The records of O(read) as they were before this call wrote, by stage (a stage never recorded is absent).
+  returned: always
+  type: dict
+  sample: {"driver": {"stage": "driver", "status": "passed", "time": "2026-12-05T21:00:00.123456+00:00"}}
 record:
   description: What the record file holds (or would, in check mode); of the first stage when there are several.
   returned: always
@@ -121,7 +133,12 @@ import os
 import time
 
 from ansible.module_utils.basic import AnsibleModule
-from ansible_collections.rigops.fleet.plugins.module_utils.stage_record import stage_record, stage_results, write_record
+from ansible_collections.rigops.fleet.plugins.module_utils.stage_record import (
+    read_records,
+    stage_record,
+    stage_results,
+    write_record,
+)
 
 
 def main():
@@ -136,6 +153,7 @@ def main():
             "summary": {"type": "dict", "default": {}},
             "task": {"type": "str"},
             "results": {"type": "dict", "default": {}},
+            "read": {"type": "list", "elements": "str", "default": []},
         },
         required_one_of=[["stage", "stages"]],
         mutually_exclusive=[["stage", "stages"]],
@@ -153,7 +171,8 @@ def main():
     for record in records:
         results = stage_results(results, record, module.check_mode)
     first = records[0] if records else {}
-    done = {"dir": p["dir"], "stages": stages, "clock": clock, "record": first, "results": results}
+    before = read_records(p["dir"], p["read"])
+    done = {"dir": p["dir"], "stages": stages, "clock": clock, "record": first, "results": results, "records": before}
     for record in records:
         path = os.path.join(p["dir"], f"{record['stage']}.json")
         try:

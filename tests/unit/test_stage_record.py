@@ -7,6 +7,7 @@ import stat
 
 import pytest
 from ansible_collections.rigops.fleet.plugins.module_utils.stage_record import (
+    read_records,
     record_text,
     stage_record,
     stage_results,
@@ -58,3 +59,11 @@ def test_the_runs_results_gain_each_stage_that_ends():
     failed = stage_results(results, stage_record("topology", "failed", task="Check | Stop", now=WHEN), True)
     assert failed["topology"] == {"status": "failed", "check_mode": True, "task": "Check | Stop"}
     assert failed["driver"] == results["driver"] and "topology" not in results  # the input is left as it was
+
+
+def test_the_records_of_the_last_runs_are_read_back(tmp_path):
+    write_record(str(tmp_path / "driver.json"), stage_record("driver", "passed", seconds=2.0, now=WHEN))
+    (tmp_path / "topology.json").write_text('{"stage": "topo')  # cut short
+    records = read_records(str(tmp_path), ["driver", "topology", "runtime"])
+    assert list(records) == ["driver"] and records["driver"]["status"] == "passed"
+    assert read_records(str(tmp_path / "none"), ["driver"]) == {}
