@@ -15,7 +15,8 @@ description:
   - C(started) takes every stage a run selects at once (O(stages)), at its start; each stage then records
     that it passed or failed.
   - Returns the stages and the controller's clock it was given, for the playbook to time the next stage
-    (C(register)), and the run's stage results with this stage's added, in one call per stage boundary.
+    (C(register)), and the run's stage results with this stage's added (RV(stage_results)), in one call per
+    stage boundary.
   - The record is the run's bookkeeping, rewritten by every run, so the module never reports a change.
   - Logic in plugins/module_utils/stage_record.py.
 version_added: "0.1.0"
@@ -52,15 +53,16 @@ options:
     type: str
   read:
     description:
-      - Stages whose records to return (RV(records)) as they were before this call wrote: what the last runs
-        recorded, for the report.
+      - Stages whose records to return (RV(records)) as they were before this call wrote (what the last runs
+        recorded), for the report.
     type: list
     elements: str
     default: []
-  results:
+  stage_results:
     description:
       - The run's stage results so far (stage to status, check mode, seconds; a failed one's task and message),
-        returned with this stage's added (C(passed) and C(failed)).
+        returned with this stage's added (C(passed) and C(failed)). Not named C(results), which Ansible keeps
+        for a loop's results and renames in a module's answer.
     type: dict
     default: {}
 extends_documentation_fragment:
@@ -91,7 +93,7 @@ EXAMPLES = r"""
     clock: "{{ now().timestamp() }}"
     seconds: 20.9
     summary: {version: "595.45.04", gpu_count: 8}
-    results: "{{ rigops_stage_done.results | default({}) }}"
+    stage_results: "{{ rigops_stage_done.stage_results | default({}) }}"
   register: rigops_stage_done
 """
 
@@ -112,7 +114,7 @@ clock:
   returned: always
   type: float
   sample: 1796000000.25
-results:
+stage_results:
   description: The run's stage results given, with this stage's added when it passed or failed.
   returned: always
   type: dict
@@ -152,7 +154,7 @@ def main():
             "seconds": {"type": "float"},
             "summary": {"type": "dict", "default": {}},
             "task": {"type": "str"},
-            "results": {"type": "dict", "default": {}},
+            "stage_results": {"type": "dict", "default": {}},
             "read": {"type": "list", "elements": "str", "default": []},
         },
         required_one_of=[["stage", "stages"]],
@@ -167,12 +169,14 @@ def main():
     records = [
         stage_record(stage, p["status"], seconds=p["seconds"], summary=p["summary"], task=p["task"]) for stage in stages
     ]
-    results = p["results"]
+    results = p["stage_results"]
     for record in records:
         results = stage_results(results, record, module.check_mode)
     first = records[0] if records else {}
     before = read_records(p["dir"], p["read"])
-    done = {"dir": p["dir"], "stages": stages, "clock": clock, "record": first, "results": results, "records": before}
+    done = {
+        "dir": p["dir"], "stages": stages, "clock": clock, "record": first, "stage_results": results, "records": before,
+    }  # fmt: skip
     for record in records:
         path = os.path.join(p["dir"], f"{record['stage']}.json")
         try:

@@ -6,6 +6,7 @@ import json
 import stat
 
 import pytest
+import yaml
 from ansible_collections.rigops.fleet.plugins.module_utils.stage_record import (
     read_records,
     record_text,
@@ -13,6 +14,7 @@ from ansible_collections.rigops.fleet.plugins.module_utils.stage_record import (
     stage_results,
     write_record,
 )
+from ansible_run import LOCALHOST, ansible_playbook
 
 WHEN = datetime.datetime(2026, 12, 5, 21, 0, 0, 123456, tzinfo=datetime.UTC)
 
@@ -67,3 +69,34 @@ def test_the_records_of_the_last_runs_are_read_back(tmp_path):
     records = read_records(str(tmp_path), ["driver", "topology", "runtime"])
     assert list(records) == ["driver"] and records["driver"]["status"] == "passed"
     assert read_records(str(tmp_path / "none"), ["driver"]) == {}
+
+
+def test_the_module_hands_the_runs_results_on_through_ansible(tmp_path):
+    """Through ansible-playbook: the stages start, one passes, the registered answer carries the run's results
+    under stage_results (a key named `results` Ansible would rename, with a warning, and the report lose) and the
+    records as they were before the start wrote."""
+    write_record(str(tmp_path / "driver.json"), stage_record("driver", "passed", seconds=2.0, now=WHEN))
+    module = "rigops.fleet.stage_record"
+    tasks = [
+        {module: {"dir": str(tmp_path), "stages": ["driver", "topology"], "status": "started", "read": ["driver"]},
+         "register": "started"},
+        {module: {"dir": str(tmp_path), "stage": "driver", "status": "passed", "seconds": 1.5,
+                  "stage_results": "{{ {} }}"}, "register": "done"},
+        {module: {"dir": str(tmp_path), "stage": "topology", "status": "passed", "seconds": 0.5,
+                  "stage_results": "{{ done.stage_results }}"}, "register": "done"},
+        {"ansible.builtin.copy": {"content": "{{ {'started': started, 'done': done} | to_json }}",
+                                  "dest": str(tmp_path / "out.json"), "mode": "0600"}},
+    ]  # fmt: skip
+    (tmp_path / "play.yml").write_text(yaml.safe_dump([{"hosts": "localhost", "gather_facts": False, "tasks": tasks}]))
+    # Ansible's own strategy, as a user's run: mitogen's (the suite's fast runs) hands a module's answer on as is
+    proc = ansible_playbook(*LOCALHOST, tmp_path / "play.yml", env={"ANSIBLE_STRATEGY": "linear"})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
+    assert "internal 'results' key" not in proc.stdout + proc.stderr
+    out = json.loads((tmp_path / "out.json").read_text())
+    assert out["started"]["records"]["driver"]["status"] == "passed"  # as the last run left it
+    assert out["started"]["stages"] == ["driver", "topology"]
+    assert out["done"]["stage_results"] == {
+        "driver": {"status": "passed", "check_mode": False, "seconds": 1.5},
+        "topology": {"status": "passed", "check_mode": False, "seconds": 0.5},
+    }
+    assert json.loads((tmp_path / "topology.json").read_text())["status"] == "passed"
