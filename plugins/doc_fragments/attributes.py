@@ -23,3 +23,15 @@ attributes:
     support: none
     details: It changes nothing, so there is nothing to show.
 """
+
+    # Probes that judge the service accounts a role keeps (plugins/module_utils/accounts.py).
+    ACCOUNTS = r"""
+options:
+  accounts:
+    description:
+      - The service accounts the role keeps, C(users) (each with C(name), C(group), C(shell), C(home)) and
+        C(groups) (names); those missing or differing are returned (RV(accounts_to_fix)), for the role's user and
+        group tasks to run only for them.
+    type: dict
+    default: {}
+"""

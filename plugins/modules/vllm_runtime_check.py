@@ -106,16 +106,10 @@ options:
     type: list
     elements: str
     default: []
-  accounts:
-    description:
-      - The service accounts the role keeps, C(users) (each with C(name), C(group), C(shell), C(home)) and
-        C(groups) (names); those missing or differing are returned (RV(accounts_to_fix)), for the role's user and
-        group tasks to run only for them.
-    type: dict
-    default: {}
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - rigops.fleet.attributes
+  - rigops.fleet.attributes.accounts
   - rigops.fleet.attributes.read_only
 notes:
   - The logic lives in the module_utils C(vllm_runtime_check) and C(wheel_audit), unit-tested without a

@@ -65,13 +65,6 @@ options:
     type: list
     elements: path
     default: []
-  accounts:
-    description:
-      - The service accounts the role keeps, C(users) (each with C(name), C(group), C(shell), C(home)) and
-        C(groups) (names); those missing or differing are returned (RV(accounts_to_fix)), for the role's user and
-        group tasks to run only for them.
-    type: dict
-    default: {}
   host_name:
     description: The host's name in the inventory, for the refusal's message.
     type: str
@@ -85,6 +78,7 @@ options:
 extends_documentation_fragment:
   - ansible.builtin.action_common_attributes
   - rigops.fleet.attributes
+  - rigops.fleet.attributes.accounts
   - rigops.fleet.attributes.read_only
 """
 
