@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Hub bytes and wall time of the model_weights role for 1, 2, 4 and 8 hosts (printed, never asserted).
 
-    ./rigops measure model_weights [--hosts 1,2,4,8] [--down] [--json]
+    ./rigops measure model_weights [--hosts 1,2,4,8] [--paths ...] [--mitogen] [--down] [--json]
 
 For each fleet size, the real role stages the sharded tiny model (Hugging Face stand-in id
 ``Qwen/Qwen3.5-9B-Instruct``, revision ``main``) on every host twice:
@@ -18,7 +18,10 @@ time of the playbook against one host's, and the CPU the run took on this machin
 controller's, and the hosts', the hub stand-in's and the cache's containers') with the floor it
 sets: that CPU spread over the machine's cores, against one host's wall time, is the least the
 ratio can be here (and never under 1x). The ratio over that floor is what carries to a machine with more
-cores: the goal for the fleet_cache path is 8 hosts within 1.15x it.
+cores: the goal for the fleet_cache path is 8 hosts within 1.15x it, over SSH and under mitogen.
+With ``--mitogen`` each path runs once more under mitogen's strategy (strategy_plugins/), the
+caller's strategy settings dropped for the SSH runs; its ratios are against one host's run
+under mitogen.
 
 With the fleet_cache path it then measures what one host's pull from the cache can carry
 (``--pull-mb``, default 512; 0 skips it): a file of that size, random bytes, on the cache
@@ -153,9 +156,9 @@ def prepare_pull(containers: list[str]) -> None:
         subprocess.run(
             ["podman", "cp", str(ansible_utils), f"{container}:{PULL_DIR}/ansible/module_utils"], check=True, env=ENV
         )
-        for name in ("model_weights.py", "model_weights_plan.py"):
-            source = sb.ROOT / "plugins" / "module_utils" / name
-            subprocess.run(["podman", "cp", str(source), f"{container}:{PULL_DIR}/{ours}/{name}"], check=True, env=ENV)
+        # the whole folder: the pull's modules import others of it, as a module's payload carries them
+        source = sb.ROOT / "plugins" / "module_utils"
+        subprocess.run(["podman", "cp", f"{source}/.", f"{container}:{PULL_DIR}/{ours}"], check=True, env=ENV)
 
 
 def pull_once(container: str, size: int, sha256: str) -> dict:
@@ -211,11 +214,12 @@ def pull_row(size: int, each: list[dict]) -> dict:
 
 def format_runs(results: list[dict], cores: int) -> list[str]:
     lines = [
-        f"  {'hosts':>5}  {'path':>11}  {'hub bytes':>10}  {'file GETs':>9}  {'wall s':>7}  {'vs 1 host':>9}"
+        f"  {'hosts':>5}  {'path':>19}  {'hub bytes':>10}  {'file GETs':>9}  {'wall s':>7}  {'vs 1 host':>9}"
         f"  {'CPU s':>6}  {'floor':>6}  {'over floor':>10}  rc"
     ]
     for r in results:
-        row = f"  {r['hosts']:>5}  {r['path']:>11}  {r['hub_bytes']:>10}  {r['hub_file_gets']:>9}"
+        path = r["path"] + (" mitogen" if r["connection"] == "mitogen" else "")
+        row = f"  {r['hosts']:>5}  {path:>19}  {r['hub_bytes']:>10}  {r['hub_file_gets']:>9}"
         ratio = f"{r['vs_one_host']:.2f}x" if r["vs_one_host"] else "-"
         cpu = "?" if r.get("cpu_seconds") is None else f"{r['cpu_seconds']:.1f}"
         floor = f"{r['floor']:.2f}x" if r.get("floor") is not None else "-"
@@ -224,7 +228,8 @@ def format_runs(results: list[dict], cores: int) -> list[str]:
     lines.append(
         f"  (CPU s: the controller's and the containers' the run used; floor: that CPU over this machine's {cores}"
         " cores, against one host's wall time: the least 'vs 1 host' can be here, the hosts sharing its cores;"
-        f" over floor: 'vs 1 host' over the floor, at least 1x; goal for 8 hosts of fleet_cache: <= {FLOOR_GOAL}x)"
+        " over floor: 'vs 1 host' over the floor, at least 1x;"
+        f" goal for 8 hosts of fleet_cache, either connection: <= {FLOOR_GOAL}x)"
     )
     return lines
 
@@ -252,8 +257,9 @@ def format_pull(pull: dict) -> list[str]:
 HUB_CONTAINER = "rigops-hub"
 
 
-def run(workdir: Path, hosts: list[dict], path: str, fleet_cache: dict | None = None) -> dict:
-    """One run of the role on ``hosts`` over ``path``: wall time, hub bytes, and the CPU it took on
+def run(workdir: Path, hosts: list[dict], path: str, fleet_cache: dict | None, connection: str) -> dict:
+    """One run of the role on ``hosts`` over ``path`` (``connection``: "ssh" or "mitogen", the
+    strategy it runs under): wall time, hub bytes, and the CPU it took on
     this machine: the controller's (ansible-playbook and its forks) and the containers' it used
     (the hosts, the hub stand-in, the fleet cache on its path)."""
     (workdir / "inventory.json").write_text(inventory(hosts, path))
@@ -274,7 +280,11 @@ def run(workdir: Path, hosts: list[dict], path: str, fleet_cache: dict | None = 
     start_log = len(hub_log())
     before = sb.hosts_cpu_seconds(containers)
     proc = sb.run_playbook(
-        workdir / "bench.yml", [workdir / "inventory.json", sb.SANDBOX_GROUPS], "-e", json.dumps(variables)
+        workdir / "bench.yml",
+        [workdir / "inventory.json", sb.SANDBOX_GROUPS],
+        "-e",
+        json.dumps(variables),
+        env=sb.connection_env(connection),
     )
     after = sb.hosts_cpu_seconds(containers)
     entries = hub_log()[start_log:]
@@ -291,12 +301,12 @@ def run(workdir: Path, hosts: list[dict], path: str, fleet_cache: dict | None = 
 
 
 def add_ratios(results: list[dict], cores: int) -> None:
-    """Each run against one host's run of the same path (``vs_one_host``), and the least that ratio can
+    """Each run against one host's run of the same path and connection (``vs_one_host``), and the least that ratio can
     be on this machine (``floor``): the run's CPU spread over its ``cores``, which the sandbox hosts
     share with the controller, over one host's wall time."""
-    one = {r["path"]: r["seconds"] for r in results if r["hosts"] == 1}
+    one = {(r["path"], r["connection"]): r["seconds"] for r in results if r["hosts"] == 1}
     for r in results:
-        base = one.get(r["path"])
+        base = one.get((r["path"], r["connection"]))
         r["vs_one_host"] = round(r["seconds"] / base, 2) if base else None
         r["floor"] = sb.cpu_floor(r["cpu_seconds"], cores, base) if base and r.get("cpu_seconds") is not None else None
         r["over_floor"] = round(r["vs_one_host"] / max(r["floor"], 1.0), 2) if r["floor"] is not None else None
@@ -309,6 +319,7 @@ def main() -> int:
     parser.add_argument(
         "--pull-mb", type=int, default=512, help="size of the file of the cache pull measurement (default 512; 0: skip)"
     )
+    parser.add_argument("--mitogen", action="store_true", help="each path once more, under mitogen's strategy")
     parser.add_argument("--down", action="store_true", help="remove the benchmark hosts at the end")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
     args = parser.parse_args()
@@ -333,12 +344,17 @@ def main() -> int:
         (workdir / "bench.yml").write_text(PLAYBOOK)
         if cache:
             fill = fill_cache(workdir, cache)
+        connections = ("ssh", "mitogen") if args.mitogen else ("ssh",)
         for n in sizes:
-            for path in paths:
-                r = run(workdir, details[:n], path, cache)
-                results.append({"hosts": n, "path": path, **r})
+            for connection in connections:
+                for path in paths:
+                    r = run(workdir, details[:n], path, cache, connection)
+                    results.append({"hosts": n, "path": path, "connection": connection, **r})
         if cache and args.pull_mb:
-            pull = measure_pull(cache, details, sizes, args.pull_mb)
+            try:
+                pull = measure_pull(cache, details, sizes, args.pull_mb)
+            except (RuntimeError, subprocess.CalledProcessError) as exc:  # the runs' figures still print
+                pull = {"megabytes": args.pull_mb, "rows": [], "error": str(exc)[-2000:]}
     for d in details:
         podman_exec(d["container"], "rm", "-rf", "/srv/rigops-bench", PULL_DIR)
     if args.down:
@@ -354,7 +370,10 @@ def main() -> int:
         print("\n".join(format_runs(results, os.cpu_count() or 1)))
         if pull:
             print("\n".join(format_pull(pull)))
-    return 0 if all(r["rc"] == 0 for r in results) and (fill is None or fill["rc"] == 0) else 1
+    if pull and pull.get("error"):
+        print(f"cache pull: failed: {pull['error']}", file=sys.stderr)
+    ok = all(r["rc"] == 0 for r in results) and (fill is None or fill["rc"] == 0)
+    return 0 if ok and not (pull and pull.get("error")) else 1
 
 
 if __name__ == "__main__":

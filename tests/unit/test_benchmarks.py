@@ -165,27 +165,25 @@ def test_model_weights_inventory():
     assert model_weights.CACHE[2] not in model_weights.PORTS and len(set(model_weights.PORTS)) == 8
 
 
-def test_model_weights_ratio_and_floor_against_one_host_of_the_same_path():
+def test_model_weights_ratio_and_floor_against_one_host_of_the_same_path_and_connection():
+    def run(hosts, path, seconds, cpu, connection="ssh"):
+        return {
+            "hosts": hosts,
+            "path": path,
+            "connection": connection,
+            "seconds": seconds,
+            "cpu_seconds": cpu,
+            "hub_bytes": 0,
+            "hub_file_gets": 0,
+            "rc": 0,
+        }
+
     runs = [
-        {
-            "hosts": 1,
-            "path": "fleet_cache",
-            "seconds": 10.0,
-            "cpu_seconds": 12.0,
-            "hub_bytes": 0,
-            "hub_file_gets": 0,
-            "rc": 0,
-        },
-        {
-            "hosts": 8,
-            "path": "fleet_cache",
-            "seconds": 30.0,
-            "cpu_seconds": 50.0,
-            "hub_bytes": 0,
-            "hub_file_gets": 0,
-            "rc": 0,
-        },
-        {"hosts": 8, "path": "hub", "seconds": 40.0, "cpu_seconds": None, "hub_bytes": 9, "hub_file_gets": 8, "rc": 0},
+        run(1, "fleet_cache", 10.0, 12.0),
+        run(8, "fleet_cache", 30.0, 50.0),
+        run(8, "hub", 40.0, None),
+        run(1, "fleet_cache", 5.0, 6.0, "mitogen"),
+        run(8, "fleet_cache", 20.0, 30.0, "mitogen"),
     ]
     model_weights.add_ratios(runs, 2)
     # 8 hosts: 3.00x one host's 10 s; their 50 CPU-s take at least 25 s on 2 cores: a floor of 2.50x
@@ -193,8 +191,11 @@ def test_model_weights_ratio_and_floor_against_one_host_of_the_same_path():
     assert runs[2]["vs_one_host"] is None and runs[2]["floor"] is None  # no 1-host run of that path
     assert runs[1]["over_floor"] == 1.2 and runs[0]["over_floor"] == 1.0  # 3.00 / 2.50; one host: 1x its own floor
     assert runs[2]["over_floor"] is None
+    # under mitogen, against one host under mitogen (5 s), not over SSH: 4.00x, floor 30 / 2 / 5 = 3.00x
+    assert (runs[4]["vs_one_host"], runs[4]["floor"], runs[4]["over_floor"]) == (4.0, 3.0, 1.33)
     text = "\n".join(model_weights.format_runs(runs, 2))
     assert "3.00x    50.0   2.50x       1.20x  " in text and "machine's 2 cores" in text and "<= 1.15x" in text
+    assert "fleet_cache mitogen" in text and text.count("fleet_cache mitogen") == 2
 
 
 def test_model_weights_cache_pull_figures_per_host_and_in_all():
