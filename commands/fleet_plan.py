@@ -19,7 +19,9 @@ playbooks/rollout.yml under Ansible's linear strategy (docs/fleet-scale.md):
   than its link (--device-gbps); with --peers, the boards of the site that finished in earlier
   batches serve it too, each at --peer-gbps (default: the device link), and the caches still
   send the hub's bytes once;
-- controller CPU: tasks x CPU-seconds per task; a batch lasts at least its CPU-seconds / cores;
+- controller CPU: tasks x CPU-seconds per task (measured on the main job's no-op reruns for the
+  connection when the measurements have it, else 0.25 CPU per busy fork); a batch lasts at least
+  its CPU-seconds / cores;
 - the plan play before the batches: the measured rollout's time outside its batches, per wave;
 - the limit that binds: the one whose removal (forks = devices, unlimited cache or CPU, free
   tasks, boards that do their own work instantly, unlimited board downloads) shortens the
@@ -55,8 +57,16 @@ REQUIRED = {
     "rollout_batch2_slowest": "lab/measure/rollout.py",
 }
 CACHE_PULL = "cache_pull"
-# Assumptions: no benchmark of this repository measures them. Red Hat's automation controller
-# estimates one fork of Ansible at 0.25 CPU and 100 MB (SYSTEM_TASK_FORKS_CPU, SYSTEM_TASK_FORKS_MEM).
+# The controller's CPU per task per host, measured: the main job's no-op reruns (lab/measure/main_job.py)
+# record the controller's CPU-seconds for N rigs over each connection and the host tasks per rig.
+MAIN_JOB_TASKS = "main_job_host_tasks_per_rig"
+MAIN_JOB_CPU = {
+    "ssh": re.compile(r"main_job_noop_rerun_cpu_controller_(\d+)_rigs"),
+    "mitogen": re.compile(r"main_job_noop_rerun_mitogen_cpu_controller_(\d+)_rigs"),
+}
+# Assumptions: no benchmark of this repository measures them (the CPU one only while the main job's are
+# missing). Red Hat's automation controller estimates one fork of Ansible at 0.25 CPU and 100 MB
+# (SYSTEM_TASK_FORKS_CPU, SYSTEM_TASK_FORKS_MEM).
 CPU_PER_BUSY_FORK = 0.25
 MEM_PER_FORK_MB = 100.0
 TASKS_PER_HOST = 120
@@ -136,6 +146,7 @@ class Measured:
     board_s: float  # a board's own work in a rollout step (the canary's time less its tasks' SSH cost)
     outside_s: float  # the measured rollout's time outside its batches (plan play, start-up): one wave
     host_gbps: float | None  # one board's throughput from a cache; None: not measured yet
+    cpu_task: float | None = None  # the controller's CPU-s per task per host, measured; None: not measured
 
 
 # --------------------------------------------------------------------------- batches
@@ -219,6 +230,24 @@ def cache_pull(inputs: dict[str, dict]) -> float | None:
     return float(entry["value"])
 
 
+def controller_cpu(inputs: dict[str, dict], connection: str) -> tuple[float | None, list[str]]:
+    """The controller's CPU-seconds per task per host over ``connection``, measured: the most of the main
+    job's no-op reruns (controller CPU over N rigs x host tasks per rig; the 1-rig run carries the play's
+    own start-up, so the most errs towards a busier controller), with the keys it read; (None, []) while
+    the measurements have none."""
+    tasks = (inputs.get(MAIN_JOB_TASKS) or {}).get("value")
+    if not tasks:
+        return None, []
+    per_task = {}
+    for key, entry in inputs.items():
+        match = MAIN_JOB_CPU[connection].fullmatch(key)
+        if match and entry["value"]:
+            per_task[key] = entry["value"] / (int(match.group(1)) * tasks)
+    if not per_task:
+        return None, []
+    return round(max(per_task.values()), 3), [*per_task, MAIN_JOB_TASKS]
+
+
 def _what(entry: dict) -> str:
     """What a figure is, when the measurements file says (its `what`)."""
     return f" ({entry['what']})" if entry.get("what") else ""
@@ -253,6 +282,7 @@ def measured(inputs: dict[str, dict], connection: str, tasks_per_host: int) -> M
         board_s=round(board, 3),
         outside_s=round(max(outside, 0.0), 3),
         host_gbps=cache_pull(inputs),
+        cpu_task=controller_cpu(inputs, connection)[0],
     )
 
 
@@ -260,8 +290,11 @@ def measured(inputs: dict[str, dict], connection: str, tasks_per_host: int) -> M
 
 
 def cpu_per_task(plan: Plan, m: Measured) -> float:
-    """Controller CPU-seconds per task per host: the option, or 0.25 CPU per busy fork x seconds per task."""
-    return plan.cpu_per_task if plan.cpu_per_task is not None else CPU_PER_BUSY_FORK * m.task_s
+    """Controller CPU-seconds per task per host: the option, else the measured figure, else 0.25 CPU per busy
+    fork x seconds per task."""
+    if plan.cpu_per_task is not None:
+        return plan.cpu_per_task
+    return m.cpu_task if m.cpu_task is not None else CPU_PER_BUSY_FORK * m.task_s
 
 
 def device_cap(plan: Plan, m: Measured) -> float:
@@ -418,12 +451,24 @@ def notes(plan: Plan, m: Measured, inputs: dict[str, dict], inputs_path: Path) -
         f"outside its batches {m.outside_s:.1f} s (wall less canary less batch 2's slowest)"
     )
     lines.append(cache_pull_note(inputs))
+    cpu_value, cpu_keys = controller_cpu(inputs, plan.connection)
+    if cpu_value is not None:
+        e = inputs[cpu_keys[0]]
+        sizes = ",".join(MAIN_JOB_CPU[plan.connection].fullmatch(k).group(1) for k in cpu_keys[:-1])
+        key = MAIN_JOB_CPU[plan.connection].pattern.replace("(\\d+)", "{" + sizes + "}")
+        lines.append(
+            f"controller CPU: {cpu_value} CPU-s per task per host over {plan.connection}, the most of the main job's "
+            f"no-op reruns ({key} over N rigs x {MAIN_JOB_TASKS}; --cpu-per-task sets another) "
+            f"[{e['command']}, {e['date']}]"
+        )
     if m.host_gbps is None and plan.device_gbps is None:
         lines.append(
             f"  so a pull is limited only by the site's caches: --cache-gbps {plan.cache_gbps:g} Gbit/s per cache "
             "(assumed), shared evenly by the boards pulling at once"
         )
-    if plan.cpu_per_task is None:
+    if plan.cpu_per_task is None and m.cpu_task is not None:
+        cpu = None  # measured, above
+    elif plan.cpu_per_task is None:
         cpu = (
             f"{cpu_per_task(plan, m):.3f} CPU-s per task per host (--cpu-per-task; 0.25 CPU per busy fork, "
             f"automation controller's default, x {m.task_s} s per task)"
@@ -443,7 +488,7 @@ def notes(plan: Plan, m: Measured, inputs: dict[str, dict], inputs_path: Path) -
             else "  peers: none (--peers: boards of earlier batches serve the model to later ones)"
         ),
         f"  {plan.tasks_per_host} tasks per host in a rollout (--tasks-per-host)",
-        f"  controller: {cpu}",
+        *([f"  controller: {cpu}"] if cpu else []),
         f"  controller: {plan.mem_per_fork_mb:g} MB per fork (--mem-per-fork; automation controller's default), "
         f"{plan.controller_cores:g} cores (--controller-cores), {plan.controller_memory_gb:g} GB "
         "(--controller-memory-gb)",
@@ -531,7 +576,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--peers", action="store_true", help="boards of earlier batches serve the model to later ones on their site")
     add("--peer-gbps", type=_number(0, True), help="assumed Gbit/s a peer sends (default: --device-gbps)")
     add("--tasks-per-host", type=_positive_int, default=TASKS_PER_HOST, help="assumed (default 120)")
-    add("--cpu-per-task", type=_number(0, False), help="assumed controller CPU-s per task per host")
+    add("--cpu-per-task", type=_number(0, False), help="controller CPU-s per task per host (default: measured)")
     add("--mem-per-fork", type=_number(0, True), default=MEM_PER_FORK_MB, help="assumed MB per fork (default 100)")
     add("--controller-cores", type=_number(0, True), default=CONTROLLER_CORES, help="assumed (default 8)")
     add("--controller-memory-gb", type=_number(0, True), default=CONTROLLER_MEMORY_GB, help="assumed (default 16)")

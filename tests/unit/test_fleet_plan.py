@@ -253,6 +253,40 @@ def test_figures_read_from_the_inputs_file():
     assert m.outside_s == pytest.approx(401.7 - 104.7 - 286.5)
 
 
+def test_the_controllers_cpu_per_task_is_the_most_the_main_job_measured(tmp_path, capsys):
+    figures = {
+        "main_job_host_tasks_per_rig": 100,
+        "main_job_noop_rerun_cpu_controller_1_rigs": 15.0,  # 0.15 per task: the play's start-up on one rig
+        "main_job_noop_rerun_cpu_controller_4_rigs": 48.0,  # 0.12
+        "main_job_noop_rerun_mitogen_cpu_controller_4_rigs": 44.0,  # 0.11
+    }
+    data = {
+        k: {"value": v, "unit": "x", "command": "./rigops measure main_job", "date": "2026-12-06"}
+        for k, v in figures.items()
+    }
+    data.update({k: v for k, v in yaml.safe_load(INPUTS.read_text()).items() if k in fp.REQUIRED})
+    (tmp_path / "in.yml").write_text(yaml.safe_dump(data))
+    inputs = fp.load_inputs(tmp_path / "in.yml")
+    assert fp.measured(inputs, "ssh", 120).cpu_task == 0.15
+    assert fp.measured(inputs, "mitogen", 120).cpu_task == 0.11
+    plan = fp.Plan(devices=10)
+    assert fp.cpu_per_task(plan, fp.measured(inputs, "ssh", 120)) == 0.15
+    assert fp.cpu_per_task(replace(plan, cpu_per_task=0.5), fp.measured(inputs, "ssh", 120)) == 0.5
+    assert fp.main(["--inputs", str(tmp_path / "in.yml"), "--devices", "10"]) == 0
+    out = capsys.readouterr().out
+    assert "controller CPU: 0.15 CPU-s per task per host over ssh" in out
+    assert "main_job_noop_rerun_cpu_controller_{1,4}_rigs over N rigs x main_job_host_tasks_per_rig" in out
+    assert "CPU-s per task per host" not in out.split("assumed (options, not measured):")[1]
+    # not measured (no task count, or no run over that connection): 0.25 CPU per busy fork x the task cost
+    del data["main_job_noop_rerun_mitogen_cpu_controller_4_rigs"]
+    (tmp_path / "in.yml").write_text(yaml.safe_dump(data))
+    m = fp.measured(fp.load_inputs(tmp_path / "in.yml"), "mitogen", 120)
+    assert m.cpu_task is None and fp.cpu_per_task(plan, m) == pytest.approx(0.25 * 0.095)
+    assert fp.main(["--inputs", str(tmp_path / "in.yml"), "--devices", "10", "--connection", "mitogen"]) == 0
+    assumed = capsys.readouterr().out.split("assumed (options, not measured):")[1]
+    assert "0.024 CPU-s per task per host (--cpu-per-task; 0.25 CPU per busy fork" in assumed
+
+
 def test_a_figure_not_measured_yet_names_its_command(tmp_path):
     inputs = fp.load_inputs(write_inputs(tmp_path, rollout_canary_board={"value": None}))
     with pytest.raises(fp.InputError, match=r"rollout_canary_board: not measured yet \(run ./rigops measure rollout"):
@@ -345,8 +379,9 @@ def test_the_outputs_carry_every_row_and_label_the_assumptions(capsys):
 
     assert fp.main([]) == 0
     text = capsys.readouterr().out
-    for label in ("--tasks-per-host", "--cpu-per-task", "--mem-per-fork", "--model-gb", "--controller-cores"):
+    for label in ("--tasks-per-host", "--mem-per-fork", "--model-gb", "--controller-cores"):
         assert label in text.split("assumed (options, not measured):")[1], label
+    assert "--cpu-per-task sets another" in text.split("assumed (options, not measured):")[0]
 
 
 def test_the_tables_in_the_doc_are_the_tools_output(capsys):
