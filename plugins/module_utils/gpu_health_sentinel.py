@@ -21,6 +21,7 @@ Host side: Python 3.8 and the standard library only. Nothing here resets or rebo
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 
@@ -86,19 +87,43 @@ def _is_number(value):
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+def read_previous(previous):
+    """(the config a host has as a mapping, or {}; a problem, or None) from ``previous``: its file's text, a
+    mapping, or None. A config that is not the sentinel's JSON object is not overwritten: it holds the GPUs
+    the host expects, and rewriting it would forget a GPU that is missing now."""
+    if previous is None:
+        return {}, None
+    if isinstance(previous, str):
+        try:
+            previous = json.loads(previous)
+        except ValueError as exc:
+            previous = exc
+    if isinstance(previous, dict) and isinstance(previous.get("expected_bus_ids", []), list):
+        return previous, None
+    why = f"not JSON ({previous})" if isinstance(previous, ValueError) else "not the sentinel's config object"
+    return {}, (
+        f"the config the host has (gpu_health_config_file) is {why}: it records the GPUs the host expects, so it"
+        " is left as it is; restore it from a backup, or remove it to start again from the GPUs shown now"
+        " (a GPU missing now is then no longer expected)"
+    )
+
+
 def build_config(instances, gpus, previous, settings):
     """(the sentinel's config, problems): what the gpu_health role writes on a host.
 
     ``instances``: the host's vLLM instances, merged with their defaults; each one's ``gpus`` are nvidia-smi
     indices. ``gpus``: the ``nvidia_gpu`` fact's GPUs now (index, pci_bus_id). ``previous``: the config the
-    host has (or None). ``settings``: the other keys of the config (``forget_bus_ids`` besides).
+    host has, as its file's text or parsed (or None: it has none). ``settings``: the other keys of the config
+    (``forget_bus_ids`` besides).
 
     The GPUs expected are those shown now and those the previous config expected, less the forgotten ones:
     a GPU that fell off the bus stays expected. An instance's indices are turned into bus ids while every
     expected GPU is present; when one is missing, indices shift, so an instance keeps the bus ids the
     previous config gave the same indices, and an instance with no such record is a problem.
     """
-    previous = previous or {}
+    previous, unreadable = read_previous(previous)
+    if unreadable:
+        return None, [unreadable]
     if settings.get("source") == "tegrastats":
         # a board has one integrated GPU, which every instance of the board uses
         config = dict(settings)

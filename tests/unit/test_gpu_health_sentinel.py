@@ -94,6 +94,24 @@ def test_config_keeps_a_gpu_that_fell_off_and_the_instances_mapping():
     assert config["instances"] == [{"name": "new", "indices": [2], "gpus": [BUS[3]]}]
 
 
+def test_config_reads_the_hosts_file_and_refuses_one_that_is_not_its_config():
+    before, _ = sentinel.build_config([{"name": "right", "gpus": [2, 3]}], GPUS, None, {})
+    now = [{"index": i, "pci_bus_id": b} for i, b in enumerate(BUS[:2] + BUS[3:])]
+    # the file's text (what the role slurps) counts as the parsed config: GPU 2 stays expected
+    config, problems = sentinel.build_config([{"name": "right", "gpus": [2, 3]}], now, json.dumps(before), {})
+    assert problems == [] and config["expected_bus_ids"] == BUS
+    # a cut file, another JSON value or a wrong expected list: refused, naming the variable, never rewritten
+    for text in (json.dumps(before)[:40], "[]", '{"expected_bus_ids": "0000:11:00.0"}'):
+        config, problems = sentinel.build_config([{"name": "right", "gpus": [2, 3]}], now, text, {})
+        assert config is None and len(problems) == 1, text
+        assert problems[0].startswith("the config the host has (gpu_health_config_file) is not "), problems
+        assert "remove it to start again" in problems[0]
+    assert "not JSON (" in sentinel.build_config([], now, "{", {})[1][0]
+    # the filter passes the text through and returns the problem with no config
+    built = gpu_health_filter.gpu_health_config([], now, "{", {})
+    assert built["config"] is None and built["problems"][0].startswith("the config the host has")
+
+
 def test_config_refuses_gpus_that_are_not_indices():
     instances = [{"name": "x", "gpus": ["0", True]}, {"name": "y", "gpus": [9]}]
     _, problems = sentinel.build_config(instances, GPUS, None, {})

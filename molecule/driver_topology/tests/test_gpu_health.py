@@ -4,15 +4,19 @@ drv-archive: 8x RTX 5090, instances left (GPUs 0-3) and right (GPUs 4-7), a roun
 rounds before an instance is routable again (molecule.yml).
 """
 
+import os
 import time
+from pathlib import Path
 
 import pytest
 from rigops_testinfra import GPU_HEALTH_TEXTFILE as TEXTFILE
-from rigops_testinfra import SENTINEL
+from rigops_testinfra import SENTINEL, ansible_playbook
 from rigops_testinfra import gpu_health_status as status
 from rigops_testinfra import wait_for_gpu_health as wait_for
 
 testinfra_hosts = ["drv-archive"]
+SCENARIO = Path(os.environ.get("MOLECULE_SCENARIO_DIRECTORY", Path(__file__).resolve().parent.parent))
+CONFIG = "/etc/rigops/gpu-health.json"
 
 
 def bus_of(host, index):
@@ -43,7 +47,7 @@ def fault(host):
 def test_the_sentinel_runs_and_finds_the_rig_healthy(host):
     service = host.service("rigops-gpu-health")
     assert service.is_running and service.is_enabled
-    config = host.file("/etc/rigops/gpu-health.json")
+    config = host.file(CONFIG)
     assert config.user == "root" and config.mode == 0o644
     state = wait_for(host, "a first round", lambda s: s["healthy"])
     assert len(state["gpus"]) == 8 and state["errors"] == []
@@ -94,3 +98,20 @@ def test_a_narrowed_link_is_a_finding_and_a_thermal_slowdown_too(host, fault):
     host.run_test(f"nvidia-sim-fault clear {link}")
     host.run_test(f"nvidia-sim-fault clear {hot}")
     wait_for(host, "healthy again", lambda s: s["healthy"], timeout=20)
+
+
+def test_a_config_that_is_not_the_sentinels_is_refused_and_left_as_it_is(host):
+    """It records the GPUs the rig expects: a cut file stops the role, names the variable, and stays."""
+    good = host.file(CONFIG).content_string
+    host.run_test(f"cp -p {CONFIG} {CONFIG}.test && head -c 40 {CONFIG}.test > {CONFIG}")
+    try:
+        cut = host.file(CONFIG).content_string
+        rc, out = ansible_playbook(SCENARIO / "gpu_health.yml", "-l", "drv-archive")
+        assert rc != 0
+        assert "the config the host has (gpu_health_config_file) is not JSON" in out, out[-3000:]
+        assert "remove it to start again" in out
+        assert host.file(CONFIG).content_string == cut
+        assert host.service("rigops-gpu-health").is_running
+    finally:
+        host.run_test(f"mv {CONFIG}.test {CONFIG}")
+    assert host.file(CONFIG).content_string == good
