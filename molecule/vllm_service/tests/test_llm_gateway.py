@@ -136,7 +136,8 @@ for name in sys.argv[2:]:
     r = c.chat.completions.create(model=name, messages=hi, max_tokens=4)
     out["chat"][name] = [r.model, r.choices[0].finish_reason]
     chunks = [ch for ch in c.chat.completions.create(model=name, messages=hi, max_tokens=4, stream=True)]
-    out["stream"][name] = [chunks[0].model, sum(1 for ch in chunks if ch.choices and ch.choices[0].delta.content)]
+    ends = [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason]
+    out["stream"][name] = [chunks[0].model, sum(1 for ch in chunks if ch.choices), ends]
 print(json.dumps(out))
 """
 
@@ -146,7 +147,10 @@ def test_openai_client_chats_and_streams_every_name_through_the_gateway(host):
     assert set(out["models"]) == set(SERVED)
     for name, served in SERVED.items():
         assert out["chat"][name][0] == served and out["chat"][name][1] in ("length", "stop"), name
-        assert out["stream"][name][0] == served and out["stream"][name][1] >= 1, name
+        # streamed chunks that end with one finish reason; not their text: the tiny random model's sampled
+        # tokens may be byte pieces that vLLM's detokenizer holds back, and so stream no content at all
+        assert out["stream"][name][0] == served and out["stream"][name][1] >= 2, (name, out["stream"][name])
+        assert len(out["stream"][name][2]) == 1 and out["stream"][name][2][0] in ("length", "stop"), name
 
 
 ERRORS = """
