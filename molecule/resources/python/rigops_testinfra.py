@@ -248,9 +248,10 @@ class H(BaseHTTPRequestHandler):
             return self.reply(200, {"object": "chat.completion", "model": "hosted-1", "choices": [choice]})
         self.send_response(200); self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked"); self.end_headers()
-        for text in ("h", "i"):
+        # as OpenAI's streams: the text's chunks, then one with an empty delta and the finish reason
+        for delta, finish in (({"content": "h"}, None), ({"content": "i"}, None), ({}, "stop")):
             event = {"object": "chat.completion.chunk", "model": "hosted-1",
-                     "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None}]}
+                     "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
             chunk = ("data: " + json.dumps(event) + "\n\n").encode()
             self.wfile.write(b"%x\r\n%s\r\n" % (len(chunk), chunk)); self.wfile.flush(); time.sleep(0.05)
         chunk = b"data: [DONE]\n\n"
