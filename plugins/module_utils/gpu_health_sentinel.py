@@ -121,16 +121,17 @@ def build_config(instances, gpus, previous, settings):
     expected GPU is present; when one is missing, indices shift, so an instance keeps the bus ids the
     previous config gave the same indices, and an instance with no such record is a problem.
     """
-    previous, unreadable = read_previous(previous)
-    if unreadable:
-        return None, [unreadable]
     if settings.get("source") == "tegrastats":
-        # a board has one integrated GPU, which every instance of the board uses
+        # a board has one integrated GPU, which every instance of the board uses: its previous config records
+        # nothing to keep, so it is rewritten whatever it holds
         config = dict(settings)
         config.pop("forget_bus_ids", None)
         out = [{"name": i.get("name"), "indices": [], "gpus": [board_thermal.BOARD_GPU]} for i in instances or []]
         config.update(expected_bus_ids=[], instances=out)
         return config, []
+    previous, unreadable = read_previous(previous)
+    if unreadable:
+        return None, [unreadable]
     forget = {normalize_bus_id(b) for b in settings.get("forget_bus_ids") or []}
     present = {}
     for gpu in gpus or []:

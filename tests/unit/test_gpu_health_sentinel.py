@@ -107,6 +107,9 @@ def test_config_reads_the_hosts_file_and_refuses_one_that_is_not_its_config():
         assert problems[0].startswith("the config the host has (gpu_health_config_file) is not "), problems
         assert "remove it to start again" in problems[0]
     assert "not JSON (" in sentinel.build_config([], now, "{", {})[1][0]
+    # a Jetson board's config records no GPU to keep: rewritten whatever it holds
+    config, problems = sentinel.build_config([{"name": "chat", "gpus": []}], [], "{", {"source": "tegrastats"})
+    assert problems == [] and config["expected_bus_ids"] == [] and config["instances"][0]["name"] == "chat"
     # the filter passes the text through and returns the problem with no config
     built = gpu_health_filter.gpu_health_config([], now, "{", {})
     assert built["config"] is None and built["problems"][0].startswith("the config the host has")
